@@ -1,0 +1,50 @@
+"""The contract between the operator and the trainer: exit codes, ports, environment, the coordinator's HTTP API.
+
+Torch-free on purpose: the operator imports this module and its image has no torch. Change it only together
+with both sides; tests/test_contract.py pins the values.
+"""
+
+from __future__ import annotations
+
+# --- Exit codes of `python -m ftjob_trainer.train` -------------------------------------------------------------
+EXIT_DONE = 0  # the last step is done: the only success
+EXIT_ERROR = 1  # a real error (a bug, a bad checkpoint that left nothing to load, a failed collective)
+EXIT_CONFIG_ERROR = 2  # bad flags or environment: retrying will not help
+# A checkpoint was committed (or the last committed one was kept because a save could not fit the deadline) and
+# the process stopped on purpose: preempted ranks and the survivors of a peer's preemption or a membership change.
+# torchrun restarts such workers into a new rendezvous; never 0, because 0 makes the agent treat the job as done.
+EXIT_RESTART = 75  # EX_TEMPFAIL
+
+# --- Ports -----------------------------------------------------------------------------------------------------
+RDZV_PORT = 29400  # the coordinator's TCPStore (c10d rendezvous backend, `--rdzv-endpoint`)
+CONTROL_PORT = 29401  # the coordinator's HTTP control API
+
+# --- Environment the operator sets on worker containers ---------------------------------------------------------
+ENV_TOKEN = "FTJOB_TOKEN"  # the job's control-API token (from the Secret the operator owns)
+ENV_COORDINATOR_URL = "FTJOB_COORDINATOR_URL"  # e.g. http://10.96.0.12:29401
+ENV_SAVE_DEADLINE = "FTJOB_SAVE_DEADLINE_SECONDS"  # seconds a preemption save may take, SIGTERM to committed
+ENV_TERMINATION_LOG = "FTJOB_TERMINATION_LOG"  # default /dev/termination-log
+ENV_JOB_NAME = "FTJOB_JOB_NAME"
+ENV_NAMESPACE = "FTJOB_NAMESPACE"
+DEFAULT_TERMINATION_LOG = "/dev/termination-log"
+# Every trainer flag --some-flag is also read from FTJOB_SOME_FLAG (flag wins).
+ENV_FLAG_PREFIX = "FTJOB_"
+
+# --- Coordinator HTTP API (JSON; every route but /healthz needs `Authorization: Bearer <token>`) -----------------
+AUTH_HEADER = "Authorization"
+ROUTE_HEALTH = "/healthz"  # GET -> 200 "ok"
+ROUTE_PROGRESS = "/v1/progress"  # GET -> Progress; POST (rank 0) <- Progress fields it knows
+ROUTE_CHECKPOINT = "/v1/checkpoint"  # POST {"reason": str} -> {"id": int}: ask every rank to save now
+# Progress document keys (GET /v1/progress):
+#   step: int | None, loss: float | None, worldSize: int | None, updatedAt: RFC 3339 str | None,
+#   lastCheckpoint: {"step": int, "path": str, "time": RFC 3339 str} | None,
+#   checkpointRequest: {"id": int, "reason": str} | None   (the newest request; rank 0 compares ids)
+#   handledRequestId: int   (the newest request id a committed checkpoint answered)
+
+# --- Termination message (JSON written to the termination log before exit) -------------------------------------
+# {"step": int, "checkpoint": str | None, "reason": str, "exitCode": int, "message": str}
+REASON_PREEMPTED = "preempted"  # this process got SIGTERM (or another stop signal)
+REASON_PEER = "peer-stopped"  # another rank or the coordinator asked to stop; this one saved with it
+REASON_DEADLINE = "save-skipped-deadline"  # a save could not fit the deadline; the last committed one is kept
+REASON_DONE = "done"
+REASON_ERROR = "error"
