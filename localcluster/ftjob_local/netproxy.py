@@ -1,0 +1,151 @@
+"""Service proxy: listens on every Service's clusterIP:port (loopback addresses from 127.96.0.0/16) and forwards
+each TCP connection to a ready endpoint pod's podIP:targetPort, as kube-proxy does (round robin over ready pods).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+
+from .kubelet import pod_ready
+from .node.api import Informer, Obj
+from .node.common import meta
+
+log = logging.getLogger(__name__)
+
+
+def selector_matches(selector: dict, labels: dict) -> bool:
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def resolve_target_port(pod: Obj, target) -> int | None:
+    if isinstance(target, int) or (isinstance(target, str) and target.isdigit()):
+        return int(target)
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        for p in c.get("ports") or []:
+            if p.get("name") == target:
+                return int(p["containerPort"])
+    return None
+
+
+def endpoints(service: Obj, port: Obj, pods: list[Obj]) -> list[tuple[str, int]]:
+    """Ready pods selected by the service, as (podIP, targetPort)."""
+    ns = meta(service).get("namespace", "default")
+    selector = (service.get("spec") or {}).get("selector") or {}
+    target = port.get("targetPort", port.get("port"))
+    out = []
+    for pod in pods:
+        m = meta(pod)
+        ip = (pod.get("status") or {}).get("podIP")
+        if m.get("namespace", "default") != ns or m.get("deletionTimestamp") or not ip or not pod_ready(pod):
+            continue
+        if not selector_matches(selector, m.get("labels") or {}):
+            continue
+        tp = resolve_target_port(pod, target)
+        if tp:
+            out.append((ip, tp))
+    return sorted(out)
+
+
+class ServiceProxy:
+    def __init__(self, services: Informer, pods: Informer):
+        self.services, self.pods = services, pods
+        self.loop = asyncio.new_event_loop()
+        self._servers: dict[tuple[str, int], tuple[asyncio.AbstractServer, tuple[str, str, str]]] = {}
+        self._rr = itertools.count()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="service-proxy", daemon=True)
+        services.listeners.append(lambda *_: self.loop.call_soon_threadsafe(self._schedule_sync))
+        self._sync_pending = False
+
+    def start(self) -> ServiceProxy:
+        self._thread.start()
+        self.loop.call_soon_threadsafe(self._schedule_sync)
+        return self
+
+    def stop(self) -> None:
+        async def close():
+            for server, _ in self._servers.values():
+                server.close()
+            self._servers.clear()
+        if self.loop.is_running():
+            asyncio.run_coroutine_threadsafe(close(), self.loop).result(5)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+
+    def _schedule_sync(self) -> None:
+        if not self._sync_pending:
+            self._sync_pending = True
+            self.loop.create_task(self._sync())
+
+    def _wanted(self) -> dict[tuple[str, int], tuple[str, str, str]]:
+        wanted = {}
+        for svc in self.services.items():
+            spec = svc.get("spec") or {}
+            ip = spec.get("clusterIP")
+            if not ip or ip == "None":
+                continue
+            for p in spec.get("ports") or []:
+                if p.get("protocol", "TCP") == "TCP":
+                    m = meta(svc)
+                    wanted[(ip, int(p["port"]))] = (m.get("namespace", "default"), m["name"], p.get("name") or "")
+        return wanted
+
+    async def _sync(self) -> None:
+        self._sync_pending = False
+        wanted = self._wanted()
+        for key in [k for k, (_, owner) in self._servers.items() if wanted.get(k) != owner]:
+            server, _ = self._servers.pop(key)
+            server.close()
+        for key, owner in wanted.items():
+            if key in self._servers:
+                continue
+            ip, port = key
+            try:
+                server = await asyncio.start_server(
+                    lambda r, w, o=owner: self._handle(r, w, o), host=ip, port=port, reuse_address=True)
+            except OSError as e:
+                log.warning("service %s/%s: cannot listen on %s:%d: %s", owner[0], owner[1], ip, port, e)
+                continue
+            self._servers[key] = (server, owner)
+
+    def listening(self) -> list[tuple[str, int]]:
+        return sorted(self._servers)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, owner) -> None:
+        ns, name, port_name = owner
+        svc = self.services.get(ns, name)
+        upstream = None
+        if svc:
+            port = next((p for p in (svc.get("spec") or {}).get("ports") or [] if (p.get("name") or "") == port_name),
+                        None)
+            eps = endpoints(svc, port, self.pods.items()) if port else []
+            if eps:
+                ip, tport = eps[next(self._rr) % len(eps)]
+                try:
+                    upstream = await asyncio.wait_for(asyncio.open_connection(ip, tport), 5)
+                except (OSError, asyncio.TimeoutError) as e:
+                    log.info("service %s/%s: endpoint %s:%d refused: %s", ns, name, ip, tport, e)
+        if upstream is None:  # no ready endpoint: refuse, as a cluster would
+            writer.close()
+            return
+        up_reader, up_writer = upstream
+        writers = (writer, up_writer)
+        try:
+            await asyncio.gather(_pipe(reader, up_writer, writers), _pipe(up_reader, writer, writers))
+        finally:
+            for w in writers:
+                w.close()
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, both) -> None:
+    """Copies one direction; EOF is passed on as a half-close, an error closes both sides."""
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+    except (ConnectionError, OSError):
+        for w in both:
+            w.close()
