@@ -1,0 +1,394 @@
+"""Sharded, atomically committed DCP checkpoints with retention, fallback on bad loads and async saves.
+
+On disk, under --checkpoint-dir:
+  step-000000120/            committed: DCP shards + .metadata + ftjob.json (the loop's state) + rng-rank<r>.pt
+  .tmp-step-000000130/       a save in progress (or killed half-way): never loaded, never counted
+  failed-step-000000110-<t>/ a committed checkpoint that failed to load, set aside as evidence (never deleted)
+A save writes into the tmp directory (DCP fsyncs every file and writes .metadata last), then rank 0 writes
+ftjob.json, fsyncs, and renames the directory: the rename is the commit. "Latest" is the newest committed step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+META_FILE = "ftjob.json"
+COMMITTED_RE = re.compile(r"^step-(\d{9})$")
+TMP_PREFIX = ".tmp-step-"
+FAILED_PREFIX = "failed-step-"
+MODEL_KEY, OPTIM_KEY = "model", "optim"  # top-level keys of the DCP state
+
+
+def committed_name(step: int) -> str:
+    return f"step-{step:09d}"
+
+
+def list_committed(root: str) -> list[tuple[int, str]]:
+    """Committed checkpoints, newest first. A directory counts only if its name says committed and it holds the
+    DCP .metadata and our ftjob.json (both written before the rename)."""
+    if not os.path.isdir(root):
+        return []
+    out = []
+    for name in os.listdir(root):
+        m = COMMITTED_RE.match(name)
+        path = os.path.join(root, name)
+        if (
+            m
+            and os.path.isfile(os.path.join(path, ".metadata"))
+            and os.path.isfile(os.path.join(path, META_FILE))
+        ):
+            out.append((int(m.group(1)), path))
+    return sorted(out, reverse=True)
+
+
+def retention_victims(committed: list[tuple[int, str]], keep_last: int) -> list[str]:
+    """Which committed checkpoints to delete: all but the newest keep_last (never the newest one)."""
+    return [path for _, path in committed[max(1, keep_last) :]]
+
+
+def validate(path: str) -> dict[str, Any]:
+    """Cheap checks before a collective load, identical on every rank (shared storage): metadata readable, every
+    shard file present and long enough, ftjob.json parseable. Raises CorruptCheckpoint saying what is wrong."""
+    try:
+        meta = json.load(open(os.path.join(path, META_FILE)))
+    except (OSError, ValueError) as e:
+        raise CorruptCheckpoint(f"{path}: {META_FILE} unreadable ({e})") from e
+    if meta.get("format") != FORMAT:
+        raise CorruptCheckpoint(f"{path}: format {meta.get('format')!r}, this trainer reads format {FORMAT}")
+    try:
+        md = FileSystemReader(path).read_metadata()
+    except Exception as e:  # noqa: BLE001 - any failure to parse means unusable
+        raise CorruptCheckpoint(f"{path}: DCP .metadata unreadable ({type(e).__name__}: {e})") from e
+    need: dict[str, int] = {}
+    for info in (md.storage_data or {}).values():
+        need[info.relative_path] = max(need.get(info.relative_path, 0), info.offset + info.length)
+    for rel, length in need.items():
+        f = os.path.join(path, rel)
+        if not os.path.isfile(f):
+            raise CorruptCheckpoint(f"{path}: shard {rel} is missing")
+        if os.path.getsize(f) < length:
+            raise CorruptCheckpoint(
+                f"{path}: shard {rel} is truncated ({os.path.getsize(f)} < {length} bytes)"
+            )
+    return meta
+
+
+class CorruptCheckpoint(RuntimeError):
+    pass
+
+
+class NothingLoadable(RuntimeError):
+    """Committed checkpoints exist but none loaded: starting fresh would silently throw the job's work away."""
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_json_durable(path: str, doc: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def now_rfc3339() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+# --- the guard (the seed: verl's FSDP engine crashed saving FSDP2 + CPUOffloadPolicy) --------------------------
+def needs_manual_param_reload(engine: Any) -> bool:
+    """Bring params to the device around save/load only when the engine offloaded them BY HAND. With FSDP2's
+    CPUOffloadPolicy, FSDP owns placement: module.to(cuda) half-moves it and the next state_dict() fails with
+    'Attempted to set the storage of a tensor on device "cpu" to a storage on different device "cuda:0"'.
+    getattr with a False default: an engine subclass that never sets the attribute still saves correctly."""
+    return bool(getattr(engine, "_is_offload_param", False)) and not getattr(
+        engine, "_uses_fsdp2_cpu_offload_policy", False
+    )
+
+
+@contextlib.contextmanager
+def params_on_device(engine: Any) -> Iterator[None]:
+    move = needs_manual_param_reload(engine)
+    if move:
+        engine.load_params_to_device()
+    try:
+        yield
+    finally:
+        if move:
+            engine.offload_params_to_host()  # back where the engine keeps them between steps
+
+
+# --- async save feature detection (torch 2.13 has staged async_save; torch 2.11 on the GPU machine may not) -------
+def _staged_async_supported() -> bool:
+    try:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # noqa: F401
+        from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse  # noqa: F401
+    except ImportError:
+        return False
+    return "async_stager" in inspect.signature(dcp.async_save).parameters
+
+
+STAGED_ASYNC = _staged_async_supported()
+
+
+@dataclasses.dataclass
+class InFlight:
+    step: int
+    tmp: str
+    meta: dict
+    started: float
+    staging: Any  # a Future done when the state is copied to host memory (None: staged synchronously)
+    upload: Any  # a Future done when every rank's shards and the .metadata are written
+    request_id: int | None
+
+
+@dataclasses.dataclass
+class Loaded:
+    step: int
+    path: str
+    meta: dict
+
+
+class Checkpointer:
+    def __init__(self, root: str | None, keep_last: int, engine: Any, rank: int, world_size: int):
+        self.root, self.keep_last, self.engine = root, keep_last, engine
+        self.rank, self.world_size = rank, world_size
+        self.inflight: InFlight | None = None
+        self.last_committed: tuple[int, str] | None = None
+        self.save_seconds: float | None = None  # measured: last save from start to commit
+        self.state_bytes = 0
+        self.stager = None
+        # DCP's collectives run on their own gloo group: an async save's background thread must not share a
+        # communicator with the training loop's collectives.
+        self.pg = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        if root:
+            if rank == 0:
+                os.makedirs(root, exist_ok=True)
+                for name in os.listdir(root):
+                    if name.startswith(TMP_PREFIX):  # a save killed half-way: incomplete by construction
+                        log.warning("removing incomplete save %s (never committed)", name)
+                        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            self._barrier()
+            done = list_committed(root)
+            self.last_committed = done[0] if done else None
+
+    def _barrier(self) -> None:
+        if self.pg is not None:
+            dist.barrier(group=self.pg)
+
+    def _state(self) -> dict:
+        model_sd, optim_sd = get_state_dict(self.engine.model, self.engine.optimizer)
+        return {MODEL_KEY: model_sd, OPTIM_KEY: optim_sd}
+
+    # --- save ------------------------------------------------------------------------------------------------
+    def save(
+        self, step: int, meta: dict, *, asynchronous: bool = False, request_id: int | None = None
+    ) -> str | None:
+        """Collective. Sync: returns the committed path. Async: returns None; poll()/drain() commit it later."""
+        assert self.root, "save() needs a checkpoint directory"
+        if self.inflight and self.inflight.step == step and not asynchronous:
+            _, path, _ = self.drain()  # an async save of this very step is in flight: finishing it is enough
+            self._barrier()
+            return path
+        if self.last_committed and self.last_committed[0] == step:
+            return self.last_committed[1]  # this exact state is already committed
+        self.drain()
+        started = time.monotonic()
+        tmp = os.path.join(self.root, f"{TMP_PREFIX}{step:09d}")
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+        self._barrier()
+        rng = {"cpu": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state()
+        rng_file = os.path.join(tmp, f"rng-rank{self.rank}.pt")
+        torch.save(rng, rng_file)
+        with open(rng_file, "rb+") as f:
+            os.fsync(f.fileno())
+        meta = dict(meta, format=FORMAT, step=step, world_size=self.world_size)
+        writer = FileSystemWriter(tmp, sync_files=True)
+        with params_on_device(self.engine):
+            state = self._state()
+            if not self.state_bytes:
+                self.state_bytes = _nbytes(state)
+            if not asynchronous:
+                dcp.save(state, storage_writer=writer, process_group=self.pg)
+                staging = upload = None
+            elif STAGED_ASYNC:
+                from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+                if self.stager is None:
+                    cuda = torch.cuda.is_available()
+                    # pinned host buffers are allocated once and reused by every later save
+                    self.stager = DefaultStager(
+                        StagingOptions(
+                            use_pinned_memory=cuda,
+                            use_shared_memory=False,
+                            use_async_staging=True,
+                            use_non_blocking_copy=cuda,
+                        )
+                    )
+                resp = dcp.async_save(
+                    state, storage_writer=writer, process_group=self.pg, async_stager=self.stager
+                )
+                staging, upload = resp.staging_completion, resp.upload_completion
+                if needs_manual_param_reload(self.engine):
+                    staging.result()  # the params move back to the host right after this block
+            else:  # older torch: async_save stages synchronously (no pinned reuse), then writes in the background
+                upload, staging = dcp.async_save(state, storage_writer=writer, process_group=self.pg), None
+        self.inflight = InFlight(step, tmp, meta, started, staging, upload, request_id)
+        if asynchronous:
+            return None
+        _, path, _ = self._finish()
+        self._barrier()  # every rank waits for rank 0's rename: nobody reports a checkpoint before it exists
+        return path
+
+    def wait_for_staging(self) -> None:
+        """Called right before optimizer.step(): the staged copy must be complete before params change."""
+        if self.inflight and self.inflight.staging is not None:
+            self.inflight.staging.result()
+            self.inflight.staging = None
+
+    def poll(self) -> tuple[int, str, int | None] | None:
+        """Non-blocking: if the in-flight async save has finished writing, commit it. Returns (step, path, request)."""
+        if self.inflight and self.inflight.upload is not None and self.inflight.upload.done():
+            return self._finish()
+        return None
+
+    def drain(self) -> tuple[int, str, int | None] | None:
+        """Wait for an in-flight save and commit it (before exit, before the next save)."""
+        if self.inflight is None:
+            return None
+        return self._finish()
+
+    def _finish(self):
+        f = self.inflight
+        assert f is not None
+        self.inflight = None
+        if f.staging is not None:
+            f.staging.result()
+        if f.upload is not None:
+            f.upload.result()  # raises if any rank failed: nothing gets committed
+        final = os.path.join(self.root, committed_name(f.step))
+        if self.rank == 0:
+            elapsed = time.monotonic() - f.started
+            _write_json_durable(
+                os.path.join(f.tmp, META_FILE), dict(f.meta, time=now_rfc3339(), save_seconds=elapsed)
+            )
+            _fsync_dir(f.tmp)
+            os.rename(f.tmp, final)  # the commit
+            _fsync_dir(self.root)
+            for victim in retention_victims(list_committed(self.root), self.keep_last):
+                log.info("retention: deleting %s (keeping the newest %d committed)", victim, self.keep_last)
+                shutil.rmtree(victim, ignore_errors=True)
+        self.save_seconds = time.monotonic() - f.started
+        self.last_committed = (f.step, final)
+        log.info("checkpoint step %d committed at %s in %.2fs", f.step, final, self.save_seconds)
+        return f.step, final, f.request_id
+
+    def estimate_save_seconds(self) -> float | None:
+        return self.save_seconds
+
+    # --- load -----------------------------------------------------------------------------------------------
+    def load_latest(self) -> Loaded | None:
+        """Collective. Newest committed checkpoint that loads; a failing one is logged, set aside (renamed, never
+        deleted) and the previous one tried. None when there is nothing committed (a fresh start)."""
+        if not self.root:
+            return None
+        failures = []
+        for step, path in list_committed(self.root):
+            try:
+                meta = validate(path)
+                with params_on_device(self.engine):
+                    state = self._state()
+                    dcp.load(state, storage_reader=FileSystemReader(path), process_group=self.pg)
+                    set_state_dict(
+                        self.engine.model,
+                        self.engine.optimizer,
+                        model_state_dict=state[MODEL_KEY],
+                        optim_state_dict=state[OPTIM_KEY],
+                    )
+                if "scheduler" in meta:
+                    self.engine.scheduler.load_state_dict(meta["scheduler"])
+                self._restore_rng(path)
+            except Exception as e:  # noqa: BLE001 - any failure means: try the previous one
+                failures.append(path)
+                log.error(
+                    "CHECKPOINT LOAD FAILED: %s (%s: %s); falling back to the previous committed checkpoint. "
+                    "The directory is kept for inspection as %s*",
+                    path,
+                    type(e).__name__,
+                    e,
+                    FAILED_PREFIX,
+                )
+                self._barrier()
+                if self.rank == 0:
+                    aside = os.path.join(self.root, f"{FAILED_PREFIX}{step:09d}-{int(time.time())}")
+                    os.rename(path, aside)
+                self._barrier()
+                continue
+            self.last_committed = (step, path)
+            self.save_seconds = meta.get("save_seconds")
+            log.info("resumed from %s (step %d, saved at world size %s)", path, step, meta.get("world_size"))
+            return Loaded(step, path, meta)
+        if failures:
+            raise NothingLoadable(
+                f"none of the committed checkpoints under {self.root} could be loaded (set aside: {failures}); "
+                "refusing to start fresh over them. Inspect or move them away to start over."
+            )
+        return None
+
+    def _restore_rng(self, path: str) -> None:
+        own = os.path.join(path, f"rng-rank{self.rank}.pt")
+        f = (
+            own if os.path.exists(own) else os.path.join(path, "rng-rank0.pt")
+        )  # fewer ranks saved than now run
+        rng = torch.load(f, weights_only=True)
+        torch.set_rng_state(rng["cpu"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["cuda"])
+
+
+def _nbytes(state: dict) -> int:
+    total = 0
+
+    def walk(v):
+        nonlocal total
+        if isinstance(v, torch.Tensor):
+            local = v.to_local() if hasattr(v, "to_local") else v
+            total += local.numel() * local.element_size()
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+
+    walk(state)
+    return total

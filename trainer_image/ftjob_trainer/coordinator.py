@@ -1,0 +1,213 @@
+"""The job coordinator: the rendezvous store (a torch TCPStore server that outlives any worker) and a small HTTP
+control API (contract.py: /healthz, /v1/progress, /v1/checkpoint) with a bearer token from FTJOB_TOKEN.
+
+    FTJOB_TOKEN=... python -m ftjob_trainer.coordinator --host=$(POD_IP) --store-port=29400 --control-port=29401
+
+With port 0 the OS picks a free port; the first stdout line is JSON with the ports actually bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from ftjob_trainer import contract
+
+log = logging.getLogger("ftjob.coordinator")
+
+
+def now_rfc3339() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+PROGRESS_FIELDS = {
+    "step": int,
+    "loss": float,
+    "worldSize": int,
+    "lastCheckpoint": dict,
+    "handledRequestId": int,
+}
+
+
+class State:
+    """Progress and checkpoint requests, in memory (the operator keeps what must survive in the job's status)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.progress: dict[str, Any] = {
+            "step": None,
+            "loss": None,
+            "worldSize": None,
+            "updatedAt": None,
+            "lastCheckpoint": None,
+            "checkpointRequest": None,
+            "handledRequestId": 0,
+        }
+        self.next_id = 1
+
+    def update(self, body: dict) -> dict:
+        for key, value in body.items():
+            want = PROGRESS_FIELDS.get(key)
+            if want is None:
+                raise ValueError(f"unknown progress field {key!r}; known: {sorted(PROGRESS_FIELDS)}")
+            ok = isinstance(value, want) or (want is float and isinstance(value, int)) or value is None
+            if not ok or isinstance(value, bool):
+                raise ValueError(
+                    f"progress field {key!r} must be {want.__name__} (got {type(value).__name__})"
+                )
+            if key == "lastCheckpoint" and value is not None and not {"step", "path"} <= set(value):
+                raise ValueError("lastCheckpoint needs at least step and path")
+        with self.lock:
+            if "handledRequestId" in body and body["handledRequestId"] is not None:
+                body = dict(
+                    body, handledRequestId=max(body["handledRequestId"], self.progress["handledRequestId"])
+                )
+            self.progress.update(body)
+            self.progress["updatedAt"] = now_rfc3339()
+            return dict(self.progress)
+
+    def request_checkpoint(self, reason: str) -> int:
+        with self.lock:
+            rid, self.next_id = self.next_id, self.next_id + 1
+            self.progress["checkpointRequest"] = {"id": rid, "reason": reason}
+            return rid
+
+    def snapshot(self) -> dict:
+        with self.lock:
+            return dict(self.progress)
+
+
+def make_handler(state: State, token: str):
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "ftjob-coordinator"
+
+        def log_message(self, fmt: str, *args: Any) -> None:
+            log.debug("%s " + fmt, self.address_string(), *args)
+
+        def _send(self, code: int, doc: Any) -> None:
+            raw = (doc if isinstance(doc, str) else json.dumps(doc)).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "text/plain" if isinstance(doc, str) else "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            if code == 401:
+                self.send_header("WWW-Authenticate", 'Bearer realm="ftjob"')
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def _authorized(self) -> bool:
+            got = self.headers.get(contract.AUTH_HEADER, "")
+            if got.startswith("Bearer ") and hmac.compare_digest(got[7:].encode(), token.encode()):
+                return True
+            self._send(
+                401, {"error": "missing or wrong bearer token: send 'Authorization: Bearer <FTJOB_TOKEN>'"}
+            )
+            return False
+
+        def _body(self) -> dict | None:
+            try:
+                n = int(self.headers.get("Content-Length") or 0)
+                doc = json.loads(self.rfile.read(n) or b"{}")
+                if not isinstance(doc, dict):
+                    raise ValueError("the body must be a JSON object")
+                return doc
+            except ValueError as e:
+                self._send(400, {"error": f"bad JSON body: {e}"})
+                return None
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            if self.path == contract.ROUTE_HEALTH:
+                return self._send(200, "ok")
+            if not self._authorized():
+                return
+            if self.path == contract.ROUTE_PROGRESS:
+                return self._send(200, state.snapshot())
+            self._send(404, {"error": f"no route GET {self.path}"})
+
+        def do_POST(self) -> None:  # noqa: N802
+            if not self._authorized():
+                return
+            if self.path not in (contract.ROUTE_PROGRESS, contract.ROUTE_CHECKPOINT):
+                return self._send(404, {"error": f"no route POST {self.path}"})
+            body = self._body()
+            if body is None:
+                return
+            if self.path == contract.ROUTE_PROGRESS:
+                try:
+                    return self._send(200, state.update(body))
+                except ValueError as e:
+                    return self._send(400, {"error": str(e)})
+            reason = body.get("reason", "requested")
+            if not isinstance(reason, str):
+                return self._send(400, {"error": "reason must be a string"})
+            rid = state.request_checkpoint(reason)
+            log.info("checkpoint request %d: %s", rid, reason)
+            self._send(200, {"id": rid})
+
+    return Handler
+
+
+class Coordinator:
+    def __init__(self, host: str, store_port: int, control_port: int, token: str):
+        from torch.distributed import TCPStore  # imported here: the HTTP half needs no torch
+
+        # wait_for_workers=False: the store serves agents as they come and go; it belongs to no worker
+        self.store = TCPStore(host, store_port, is_master=True, wait_for_workers=False)
+        self.state = State()
+        self.http = ThreadingHTTPServer((host, control_port), make_handler(self.state, token))
+        self.http.daemon_threads = True
+        self.thread = threading.Thread(target=self.http.serve_forever, name="ftjob-control-api", daemon=True)
+
+    @property
+    def ports(self) -> dict:
+        return {"storePort": self.store.port, "controlPort": self.http.server_address[1]}
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def close(self) -> None:
+        self.http.shutdown()
+        self.http.server_close()
+        self.thread.join(timeout=5)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s coordinator %(levelname)s %(message)s")
+    p = argparse.ArgumentParser(
+        prog="python -m ftjob_trainer.coordinator", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument("--host", default="0.0.0.0", help="address to bind both servers to (the pod IP)")
+    p.add_argument(
+        "--store-port", type=int, default=contract.RDZV_PORT, help="TCPStore port (--rdzv-endpoint)"
+    )
+    p.add_argument("--control-port", type=int, default=contract.CONTROL_PORT, help="HTTP control API port")
+    args = p.parse_args(argv)
+    token = os.environ.get(contract.ENV_TOKEN, "")
+    if not token:
+        log.error(
+            "set %s to the job's token (the operator mounts it from the Secret <job>-token)",
+            contract.ENV_TOKEN,
+        )
+        return contract.EXIT_CONFIG_ERROR
+    coord = Coordinator(args.host, args.store_port, args.control_port, token)
+    coord.start()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    print(json.dumps({"host": args.host, **coord.ports}), flush=True)
+    log.info("serving rendezvous store on %d and control API on %d", *coord.ports.values())
+    stop.wait()
+    coord.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""Stopping together: signal flags, the per-step agreement, the coordinator poller and the termination message.
+
+Signal handlers only record that a signal came (and when); the training loop does the rest at a step boundary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ftjob_trainer import contract
+
+log = logging.getLogger(__name__)
+
+NO_DEFICIT = -1e18  # "my save fits" (or I was not signalled): the MAX over ranks ignores it
+
+
+class StopSignals:
+    """Installs handlers that only set a flag. `received` is the signal's name, `at` its time.monotonic()."""
+
+    def __init__(self, names: list[str]):
+        self.received: str | None = None
+        self.at: float | None = None
+        self._previous = {}
+        for name in names:
+            sig = getattr(signal, name)
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.received is None:
+            self.received, self.at = signal.Signals(signum).name, time.monotonic()
+
+    def restore(self) -> None:
+        for sig, prev in self._previous.items():
+            signal.signal(sig, prev)
+
+
+@dataclass
+class Agreement:
+    stop: bool  # some rank was signalled (or the coordinator asked everyone to stop)
+    request_id: int  # newest coordinator checkpoint request rank 0 has seen (0: none)
+    deficit: float  # max over ranks of (estimated save time - time left before the deadline); > 0: cannot fit
+
+
+def agree(stop: bool, request_id: int, deficit: float) -> Agreement:
+    """One tiny all-reduce (MAX) per step; a CPU tensor, so on GPU it runs on gloo without a device sync."""
+    t = torch.tensor([1.0 if stop else 0.0, float(request_id), deficit], dtype=torch.float64)
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return Agreement(bool(t[0] > 0), int(t[1]), float(t[2]))
+
+
+class CoordinatorClient:
+    """Rank 0 only. A daemon thread polls GET /v1/progress (for checkpoint requests) and posts the newest
+    progress; the training loop never waits on the network."""
+
+    def __init__(self, url: str, token: str | None, interval: float):
+        self.url, self.token, self.interval = url.rstrip("/"), token, interval
+        self.latest_request = 0
+        self.handled = 0
+        self._pending: dict | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._last_error = ""
+        self._thread = threading.Thread(target=self._run, name="ftjob-coordinator-poll", daemon=True)
+        self._thread.start()
+
+    def _call(self, method: str, route: str, body: dict | None = None) -> dict:
+        req = urllib.request.Request(self.url + route, method=method)
+        if self.token:
+            req.add_header(contract.AUTH_HEADER, f"Bearer {self.token}")
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            req.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(req, data=data, timeout=5) as resp:
+            return json.loads(resp.read() or b"{}")
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._tick()
+            self._stop.wait(self.interval)
+        self._tick()  # flush the last progress
+
+    def _tick(self) -> None:
+        try:
+            with self._lock:
+                body, self._pending = self._pending, None
+            if body is not None:
+                self._call("POST", contract.ROUTE_PROGRESS, body)
+            doc = self._call("GET", contract.ROUTE_PROGRESS)
+            req = doc.get("checkpointRequest") or {}
+            rid = int(req.get("id") or 0)
+            if rid > max(self.latest_request, int(doc.get("handledRequestId") or 0)):
+                log.info("coordinator asks for a checkpoint (request %d: %s)", rid, req.get("reason"))
+                self.latest_request = rid
+            self._last_error = ""
+        except (OSError, ValueError) as e:
+            msg = f"{type(e).__name__}: {e}"
+            if msg != self._last_error:  # log each new kind of failure once, not every poll
+                log.warning("coordinator %s unreachable (%s); training goes on", self.url, msg)
+                self._last_error = msg
+            if body is not None:
+                with self._lock:
+                    self._pending = body if self._pending is None else {**body, **self._pending}
+
+    def post_progress(self, **fields: Any) -> None:
+        with self._lock:
+            self._pending = {**(self._pending or {}), **fields}
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+def write_termination_message(path: str, doc: dict) -> None:
+    """Kubernetes shows this file's content as the container's termination message. Best effort: an
+    unwritable path (no /dev/termination-log outside a pod) is logged, never fatal."""
+    try:
+        with open(path, "w") as f:
+            json.dump(doc, f)
+    except OSError as e:
+        log.warning("could not write the termination message to %s (%s): %s", path, e, json.dumps(doc))
+
+
+def atomic_write_json(path: str, doc: dict) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)

@@ -1,0 +1,334 @@
+"""`python -m ftjob_trainer.train` (under torchrun): train, save on preemption, resume exactly.
+
+The loop, in order, every step: train one optimizer step -> commit a finished async save -> every few steps
+report -> agree with all ranks (one tiny all-reduce) on: stop? checkpoint request? can a save fit the deadline?
+-> stop: everybody saves this step, writes the termination message, exits 75 | request/periodic: save, go on.
+Loading the latest committed checkpoint is the first thing it does, every time: resume is the default path.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ftjob_trainer import contract
+from ftjob_trainer.checkpoint import Checkpointer, NothingLoadable, now_rfc3339
+from ftjob_trainer.config import ConfigError, TrainConfig, parse_args, to_dict
+from ftjob_trainer.data import GlobalBatches, make_source
+from ftjob_trainer.engine import Engine, build_model, state_sha256
+from ftjob_trainer.preemption import (
+    NO_DEFICIT,
+    CoordinatorClient,
+    StopSignals,
+    agree,
+    atomic_write_json,
+    write_termination_message,
+)
+
+log = logging.getLogger("ftjob.train")
+REPORT_EVERY_MAX = 10  # the report is rewritten at least this often (issue 3)
+SAVE_MARGIN = 1.2  # a save is started only if 1.2 x its measured duration fits the time left
+
+
+def init_distributed() -> tuple[int, int, int, torch.device]:
+    cuda = torch.cuda.is_available()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    # async DCP saves need a CPU backend next to NCCL
+    backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
+    if "RANK" in os.environ:  # under torchrun
+        dist.init_process_group(backend)
+    else:  # plain `python -m`: a world of one
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return dist.get_rank(), dist.get_world_size(), local_rank, device
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, signals: StopSignals):
+        self.cfg, self.signals = cfg, signals
+        self.rank, self.world_size, self.local_rank, self.device = init_distributed()
+        cfg.data.check_world_size(self.world_size)
+        model = build_model(cfg.model, self.device, cfg.data.seed)
+        self.source = make_source(cfg.data, model.vocab_size)
+        self.engine = Engine(
+            model,
+            device=self.device,
+            model_cfg=cfg.model,
+            opt_cfg=cfg.optimizer,
+            par_cfg=cfg.parallel,
+            total_steps=cfg.run.steps,
+        )
+        self.ckpt = Checkpointer(
+            cfg.checkpoint.checkpoint_dir, cfg.checkpoint.keep_last, self.engine, self.rank, self.world_size
+        )
+        self.client: CoordinatorClient | None = None
+        url = cfg.preemption.coordinator_url
+        if url and self.rank == 0:
+            self.client = CoordinatorClient(
+                url, os.environ.get(contract.ENV_TOKEN), cfg.preemption.poll_interval
+            )
+        self.report: dict[str, Any] = {
+            "step": 0,
+            "loss": None,
+            "world_size": self.world_size,
+            "resumed_from_step": None,
+            "preemption_saves": 0,
+            "last_checkpoint_step": None,
+            "last_checkpoint": None,
+            "first_step": None,
+            "data_cursor": 0,
+            "tokens_per_second": None,
+            "state_sha256": None,
+            "exit_code": None,
+            "reason": None,
+        }
+        self.handled_request = 0
+
+    # --- helpers ---------------------------------------------------------------------------------------------
+    def write_report(self) -> None:
+        if self.rank == 0 and self.cfg.run.report:
+            atomic_write_json(self.cfg.run.report, dict(self.report, updated_at=now_rfc3339()))
+
+    def state_hash(self) -> str:
+        model_sd, optim_sd = self.engine.full_state()  # collective: every rank takes part
+        return state_sha256(model_sd, optim_sd) if self.rank == 0 else ""
+
+    def meta(self, step: int, reason: str) -> dict:
+        return {
+            "data_cursor": self.batches.cursor(step),
+            "scheduler": self.engine.scheduler.state_dict(),
+            "preemption_saves": self.report["preemption_saves"],
+            "model": self.cfg.model.model_factory or self.cfg.model.name,
+            "global_batch_size": self.cfg.data.global_batch_size,
+            "reason": reason,
+        }
+
+    def on_commit(self, step: int, path: str, request_id: int | None) -> None:
+        self.report["last_checkpoint_step"], self.report["last_checkpoint"] = step, path
+        if self.client:
+            fields = {"lastCheckpoint": {"step": step, "path": path, "time": now_rfc3339()}}
+            if request_id:
+                fields["handledRequestId"] = request_id
+            self.client.post_progress(**fields)
+
+    def global_loss(self, loss: torch.Tensor) -> float:
+        t = loss.detach().clone()
+        dist.all_reduce(t, op=dist.ReduceOp.AVG if t.is_cuda else dist.ReduceOp.SUM)
+        return float(t) if t.is_cuda else float(t) / self.world_size
+
+    def terminate(self, step: int, reason: str, code: int, message: str) -> int:
+        doc = {
+            "step": step,
+            "checkpoint": self.report["last_checkpoint"],
+            "reason": reason,
+            "exitCode": code,
+            "message": message,
+        }
+        if self.local_rank == 0:  # one message per pod
+            write_termination_message(self.cfg.preemption.termination_log, doc)
+        if self.cfg.run.report:
+            self.report["state_sha256"] = self.state_hash()
+        self.report.update(step=step, exit_code=code, reason=reason, data_cursor=self.batches.cursor(step))
+        self.write_report()
+        log.info("exit %d (%s): %s", code, reason, message)
+        return code
+
+    # --- the loop --------------------------------------------------------------------------------------------
+    def run(self) -> int:
+        cfg = self.cfg
+        loaded = self.ckpt.load_latest()
+        step = loaded.step if loaded else 0
+        meta = loaded.meta if loaded else {}
+        self.batches = GlobalBatches(
+            self.source,
+            cfg.data,
+            self.rank,
+            self.world_size,
+            base_step=step,
+            base_cursor=meta.get("data_cursor", 0),
+        )
+        if loaded:
+            self.report.update(
+                resumed_from_step=step,
+                preemption_saves=meta.get("preemption_saves", 0),
+                last_checkpoint_step=step,
+                last_checkpoint=loaded.path,
+            )
+            if cfg.run.hash_on_load:
+                self.report["loaded_state_sha256"] = self.state_hash()
+        self.report.update(step=step, first_step=step + 1, data_cursor=self.batches.cursor(step))
+        self.write_report()
+        report_every = min(cfg.run.log_every, REPORT_EVERY_MAX)
+        tokens_per_step = cfg.data.global_batch_size * cfg.data.seq_len
+        t0, steps_timed = time.perf_counter(), 0
+        while step < cfg.run.steps:
+            loss = self.engine.train_step(
+                self.batches.micro_batches(step), before_optimizer=self.ckpt.wait_for_staging
+            )
+            step += 1
+            steps_timed += 1
+            done = self.ckpt.poll()
+            if done:
+                self.on_commit(*done)
+            if step % report_every == 0 or step == cfg.run.steps:
+                value = self.global_loss(loss)
+                rate = tokens_per_step * steps_timed / (time.perf_counter() - t0)
+                self.report.update(
+                    step=step, loss=value, data_cursor=self.batches.cursor(step), tokens_per_second=rate
+                )
+                if step % cfg.run.log_every == 0:
+                    log.info("step %d loss %.4f tokens/s %.0f", step, value, rate)
+                self.write_report()
+            if self.client and step % cfg.preemption.progress_every == 0:
+                self.client.post_progress(step=step, worldSize=self.world_size, loss=self.report["loss"])
+            agreed = agree(
+                self.signals.received is not None,
+                self.client.latest_request if self.client else 0,
+                self.deficit(),
+            )
+            if agreed.stop:
+                return self.stop(step, agreed.deficit)
+            if not cfg.checkpoint.checkpoint_dir:
+                continue
+            if agreed.request_id > self.handled_request:
+                self.handled_request = agreed.request_id
+                log.info("saving step %d for coordinator request %d", step, agreed.request_id)
+                path = self.ckpt.save(
+                    step,
+                    self.meta(step, "request"),
+                    asynchronous=cfg.checkpoint.async_checkpoint,
+                    request_id=agreed.request_id,
+                )
+                if path:
+                    self.on_commit(step, path, agreed.request_id)
+            elif (
+                cfg.checkpoint.checkpoint_every
+                and step % cfg.checkpoint.checkpoint_every == 0
+                and step < cfg.run.steps
+            ):
+                path = self.ckpt.save(
+                    step, self.meta(step, "periodic"), asynchronous=cfg.checkpoint.async_checkpoint
+                )
+                if path:
+                    self.on_commit(step, path, None)
+        # the last step is done: a final checkpoint (a restarted finished job then has nothing left to do)
+        if cfg.checkpoint.checkpoint_dir:
+            done = self.ckpt.drain()
+            if done:
+                self.on_commit(*done)
+            self.on_commit(step, self.ckpt.save(step, self.meta(step, "final")), None)
+        return self.terminate(step, contract.REASON_DONE, contract.EXIT_DONE, f"finished all {step} steps")
+
+    def deficit(self) -> float:
+        """Seconds by which this rank's save would miss its deadline (<= 0 fits); NO_DEFICIT if not signalled."""
+        if self.signals.at is None:
+            return NO_DEFICIT
+        estimate = self.ckpt.estimate_save_seconds()
+        if estimate is None:
+            return NO_DEFICIT  # never measured: try (the previous checkpoint stays intact if it is cut short)
+        left = self.cfg.checkpoint.save_deadline_seconds - (time.monotonic() - self.signals.at)
+        return estimate * SAVE_MARGIN - left
+
+    def stop(self, step: int, deficit: float) -> int:
+        reason = contract.REASON_PREEMPTED if self.signals.received else contract.REASON_PEER
+        who = f"signal {self.signals.received}" if self.signals.received else "a peer's stop"
+        if not self.cfg.checkpoint.checkpoint_dir:
+            return self.terminate(
+                step,
+                reason,
+                contract.EXIT_RESTART,
+                f"stopped at step {step} on {who}; no --checkpoint-dir, nothing saved",
+            )
+        if deficit > 0:
+            done = self.ckpt.drain()  # an async save already writing may still land
+            if done:
+                self.on_commit(*done)
+            msg = (
+                f"stopped at step {step} on {who}: a save (measured {self.ckpt.estimate_save_seconds():.1f}s) would "
+                f"miss the {self.cfg.checkpoint.save_deadline_seconds:.0f}s deadline by {deficit:.1f}s; kept the "
+                f"last committed checkpoint {self.report['last_checkpoint']}"
+            )
+            log.warning(msg)
+            return self.terminate(step, contract.REASON_DEADLINE, contract.EXIT_RESTART, msg)
+        t = time.monotonic()
+        self.report["preemption_saves"] += 1
+        path = self.ckpt.save(step, self.meta(step, reason), asynchronous=False)
+        self.on_commit(step, path, None)
+        since = (
+            f"{time.monotonic() - self.signals.at:.2f}s after the signal" if self.signals.at else "on request"
+        )
+        msg = f"stopped at step {step} on {who}; saved {path} in {time.monotonic() - t:.2f}s ({since})"
+        return self.terminate(step, reason, contract.EXIT_RESTART, msg)
+
+    def close(self) -> None:
+        try:
+            self.ckpt.drain()  # never exit with a save half-written in the background
+        except Exception:  # noqa: BLE001 - closing after an error: say so, keep closing
+            log.exception("draining the in-flight checkpoint failed; it stays uncommitted")
+        if self.client:
+            self.client.close()
+
+
+def setup_logging() -> None:
+    rank = os.environ.get("RANK", "0")
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    setup_logging()
+    try:
+        cfg = parse_args(argv)
+    except ConfigError as e:
+        log.error("configuration error: %s", e)
+        return contract.EXIT_CONFIG_ERROR
+    signals = StopSignals(cfg.preemption.signal_names())  # first: a signal during startup is not lost
+    log.info("config: %s", to_dict(cfg))
+    trainer = None
+    code = contract.EXIT_ERROR
+    try:
+        trainer = Trainer(cfg, signals)
+        code = trainer.run()
+    except ConfigError as e:
+        log.error("configuration error: %s", e)
+        code = contract.EXIT_CONFIG_ERROR
+        write_termination_message(cfg.preemption.termination_log, _error_doc(code, str(e)))
+    except NothingLoadable as e:
+        log.error("%s", e)
+        write_termination_message(cfg.preemption.termination_log, _error_doc(code, str(e)))
+    except Exception as e:  # noqa: BLE001 - the exit code and termination message must say "error"
+        log.exception("training failed")
+        write_termination_message(
+            cfg.preemption.termination_log, _error_doc(code, f"{type(e).__name__}: {e}")
+        )
+    finally:
+        if trainer is not None:
+            trainer.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return code
+
+
+def _error_doc(code: int, message: str) -> dict:
+    return {
+        "step": None,
+        "checkpoint": None,
+        "reason": contract.REASON_ERROR,
+        "exitCode": code,
+        "message": message,
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())
