@@ -1,0 +1,174 @@
+"""`ftjob local up|status|preempt|down` end to end: preemption with notice and --hard, nothing left running."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import time
+import uuid
+
+import pytest
+from ftjob_local.cli import main
+from ftjob_local.cluster import LocalCluster
+from ftjob_local.node.api import Kube, wait_for
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("ftjob_local.apiserver.__main__") is None,
+                       reason="the local API server (ftjob_local.apiserver) is not in this build yet"),
+]
+NS = "default"
+PY = sys.executable
+SPOT_TAINT = "aws-node-termination-handler/spot-itn"
+
+# Records SIGTERM in a marker file, takes a moment (as a checkpoint save would), then exits 0.
+SAVER = r"""
+import pathlib, signal, sys, time
+marker = pathlib.Path(sys.argv[1])
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+marker.write_text("running")
+while not stop:
+    time.sleep(0.02)
+marker.write_text("TERM")
+time.sleep(1.0)
+marker.write_text("saved")
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped by its parent, this test process) is not running
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def cluster(tmp_path, capsys):
+    state = tmp_path / "state"
+    assert main(["up", "--state-dir", str(state), "--nodes", "1", "--spot-nodes", "2", "--no-operator"]) == 0
+    out = capsys.readouterr().out
+    assert f"export KUBECONFIG={state.resolve() / 'kubeconfig'}" in out
+    c = LocalCluster(state)
+    try:
+        yield c
+    finally:
+        c.down(say=lambda *_: None)
+
+
+def spot_pod(kube: Kube, node: str, marker, grace: int = 10) -> dict:
+    name = f"w-{uuid.uuid4().hex[:6]}"
+    return kube.request("POST", f"/api/v1/namespaces/{NS}/pods", body={
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": grace,
+                 "nodeSelector": {"kubernetes.io/hostname": node},
+                 "containers": [{"name": "main", "image": "trainer", "command": [PY, "-c", SAVER, str(marker)]}]}})
+
+
+def pod_pid(cluster: LocalCluster, pod: dict) -> int:
+    f = cluster.dir / "pods" / pod["metadata"]["uid"] / "containers" / "main" / "pid"
+    return int(wait_for(lambda: f.exists() and f.read_text(), 10, what="pid file").split()[0])
+
+
+def node_names(kube: Kube) -> set[str]:
+    return {n["metadata"]["name"] for n in kube.request("GET", "/api/v1/nodes")["items"]}
+
+
+def test_up_status_down_leaves_nothing_running(tmp_path, capsys):
+    state = tmp_path / "s"
+    assert main(["up", "--state-dir", str(state), "--nodes", "1", "--spot-nodes", "1", "--no-operator"]) == 0
+    c = LocalCluster(state)
+    try:
+        pids = [c.alive(n)["pid"] for n in ("apiserver", "node-agent")]
+        kube = Kube(str(c.kubeconfig))
+        pod = spot_pod(kube, "local-spot-0", tmp_path / "m")
+        wait_for(lambda: (tmp_path / "m").exists(), 30, what="pod process")
+        pids.append(pod_pid(c, pod))
+        capsys.readouterr()
+        assert main(["status", "--state-dir", str(state), "--json"]) == 0
+        st = json.loads(capsys.readouterr().out)
+        assert st["components"]["apiserver"]["running"] and st["components"]["node-agent"]["running"]
+        assert not st["components"]["operator"]["running"]
+        assert {n["name"] for n in st["nodes"]} == {"local-node-0", "local-spot-0"}
+        assert st["pods"] == {"Running": 1}
+        # A second `up` on a running cluster is refused with what to do.
+        assert main(["up", "--state-dir", str(state), "--no-operator"]) == 1
+        assert "ftjob local down" in capsys.readouterr().err
+    finally:
+        assert main(["down", "--state-dir", str(state)]) == 0
+    assert [p for p in pids if alive(p)] == []
+    assert main(["status", "--state-dir", str(state)]) == 3
+    assert "stopped" in capsys.readouterr().out
+
+
+def test_preempt_with_notice(cluster, tmp_path, capsys):
+    kube = Kube(str(cluster.kubeconfig))
+    marker = tmp_path / "marker"
+    pod = spot_pod(kube, "local-spot-0", marker)
+    name = pod["metadata"]["name"]
+    wait_for(lambda: marker.exists(), 30, what="pod process")
+    pid = pod_pid(cluster, pod)
+    t0 = time.monotonic()
+    assert main(["preempt", str(cluster.dir), "local-spot-0", "--notice", "1.5", "--replace-after", "0.5"]) == 0
+    assert time.monotonic() - t0 < 5, "preempt returns at once unless --wait"
+    node = kube.get("/api/v1/nodes/local-spot-0")
+    assert any(t["key"] == SPOT_TAINT and t["effect"] == "NoSchedule" for t in node["spec"]["taints"])
+    # During the notice the pod keeps running, without DisruptionTarget.
+    p = kube.get(f"/api/v1/namespaces/{NS}/pods/{name}")
+    assert not any(c["type"] == "DisruptionTarget" for c in p["status"].get("conditions") or [])
+    assert marker.read_text() == "running"
+
+    def disrupted():
+        p = kube.get(f"/api/v1/namespaces/{NS}/pods/{name}")
+        c = next((c for c in (p or {}).get("status", {}).get("conditions") or [] if c["type"] == "DisruptionTarget"),
+                 None)
+        return (p, c) if c else None
+    p, c = wait_for(disrupted, 10, interval=0.05, what="DisruptionTarget")
+    assert time.monotonic() - t0 >= 1.4
+    assert c["status"] == "True" and c["reason"] == "TerminationByKubelet"
+    assert p["metadata"].get("deletionTimestamp")
+    wait_for(lambda: marker.read_text() in ("TERM", "saved"), 10, what="SIGTERM in the pod")
+    wait_for(lambda: "local-spot-0" not in node_names(kube), 20, what="node removed")
+    assert marker.read_text() == "saved", "the process had its grace period to finish"
+    assert kube.get(f"/api/v1/namespaces/{NS}/pods/{name}") is None
+    assert not alive(pid)
+    replacement = wait_for(lambda: node_names(kube) - {"local-node-0", "local-spot-0", "local-spot-1"}, 20,
+                           what="replacement node")
+    assert replacement == {"local-spot-2"}
+    fresh = kube.get("/api/v1/nodes/local-spot-2")
+    assert fresh["metadata"]["labels"]["ftjob.dev/spot"] == "true"
+    # The replacement runs pods.
+    marker2 = tmp_path / "marker2"
+    spot_pod(kube, "local-spot-2", marker2)
+    wait_for(lambda: marker2.exists(), 30, what="pod on the replacement node")
+
+
+def test_preempt_hard_and_wait(cluster, tmp_path, capsys):
+    kube = Kube(str(cluster.kubeconfig))
+    marker = tmp_path / "marker"
+    pod = spot_pod(kube, "local-spot-1", marker, grace=30)
+    wait_for(lambda: marker.exists(), 30, what="pod process")
+    pid = pod_pid(cluster, pod)
+    t0 = time.monotonic()
+    assert main(["preempt", "--state-dir", str(cluster.dir), "local-spot-1", "--hard", "--wait"]) == 0
+    assert time.monotonic() - t0 < 10
+    assert "local-spot-1 is gone" in capsys.readouterr().out
+    wait_for(lambda: not alive(pid), 5, what="process killed")
+    assert marker.read_text() == "running", "a hard preemption gives no SIGTERM"
+    wait_for(lambda: kube.get(f"/api/v1/namespaces/{NS}/pods/{pod['metadata']['name']}") is None, 10,
+             what="pod deleted")
+
+
+def test_preempt_errors_say_what_to_fix(cluster, capsys):
+    assert main(["preempt", str(cluster.dir), "no-such-node"]) == 1
+    err = capsys.readouterr().err
+    assert "node 'no-such-node' not found" in err and "local-spot-0" in err
+    assert main(["preempt", str(cluster.dir), "local-spot-0", "--hard", "--notice", "5"]) == 1
+    assert "--hard means no notice" in capsys.readouterr().err
