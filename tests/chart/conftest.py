@@ -1,0 +1,71 @@
+"""Shared helpers for the chart and image tests: the real helm binary and rendered manifests."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "ftjob"
+VENV_BIN = Path(sys.executable).parent
+# What the chart renders for these scenarios; the namespaced one is what a locked-down cluster would use.
+HA_NAMESPACED = {
+    "replicaCount": "2",
+    "peering.enabled": "true",
+    "rbac.namespaced": "true",
+    "networkPolicy.enabled": "true",
+    "metrics.serviceMonitor.enabled": "true",
+    "watchNamespaces": "{team-a,team-b}",
+}
+
+
+def tool(name: str) -> str:
+    """A binary from the project's venv (tools/fetch_k8s_tools.py puts helm there), else from PATH."""
+    found = VENV_BIN / name
+    if found.exists():
+        return str(found)
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"`{name}` not found in {VENV_BIN} or PATH: run ./dev setup (tools/fetch_k8s_tools.py installs it)")
+    return path
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([tool("helm"), *args], capture_output=True, text=True, timeout=120)
+    if check and proc.returncode != 0:
+        pytest.fail(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
+    return proc
+
+
+def set_args(values: dict[str, str]) -> list[str]:
+    return [arg for key, value in values.items() for arg in ("--set", f"{key}={value}")]
+
+
+def render(values: dict[str, str] | None = None, *, namespace: str = "ftjob-system", crds: bool = False) -> list[dict]:
+    """`helm template` the chart and return its documents (empty ones dropped)."""
+    args = ["template", "t", str(CHART), "--namespace", namespace, *set_args(values or {})]
+    if crds:
+        args.append("--include-crds")
+    docs = yaml.safe_load_all(helm(*args).stdout)
+    return [d for d in docs if d]
+
+
+def find(docs: list[dict], kind: str, name: str | None = None, namespace: str | None = None) -> list[dict]:
+    return [
+        d
+        for d in docs
+        if d["kind"] == kind
+        and (name is None or d["metadata"]["name"] == name)
+        and (namespace is None or d["metadata"].get("namespace") == namespace)
+    ]
+
+
+def one(docs: list[dict], kind: str, **kw: str) -> dict:
+    found = find(docs, kind, **kw)
+    assert len(found) == 1, f"expected one {kind} {kw}, got {len(found)}: {[d['metadata']['name'] for d in found]}"
+    return found[0]
