@@ -28,10 +28,27 @@ def resolve() -> dict[str, str]:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--dry-run", "--ignore-installed",
-             "--python-version", "3.11", "--only-binary=:all:", "--platform", "manylinux2014_x86_64",
-             "--target", str(Path(tmp) / "t"), "--report", str(report), "."],
-            cwd=ROOT, check=True,
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--dry-run",
+                "--ignore-installed",
+                "--python-version",
+                "3.11",
+                "--only-binary=:all:",
+                "--platform",
+                "manylinux2014_x86_64",
+                "--target",
+                str(Path(tmp) / "t"),
+                "--report",
+                str(report),
+                ".",
+            ],
+            cwd=ROOT,
+            check=True,
         )
         items = json.loads(report.read_text())["install"]
     pins = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in items}
@@ -42,7 +59,9 @@ def resolve() -> dict[str, str]:
 def main() -> None:
     pins = resolve()
     if "torch" in pins:
-        raise SystemExit("torch appeared in the operator's dependencies: the operator image must stay torch-free")
+        raise SystemExit(
+            "torch appeared in the operator's dependencies: the operator image must stay torch-free"
+        )
     OUT.write_text(HEADER + "".join(f"{name}=={version}\n" for name, version in pins.items()))
     print(f"wrote {OUT.relative_to(ROOT)}: {len(pins)} pins")
 

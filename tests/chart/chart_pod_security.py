@@ -9,7 +9,16 @@ from __future__ import annotations
 from typing import Any
 
 ALLOWED_VOLUME_TYPES = frozenset(
-    {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected", "secret"}
+    {
+        "configMap",
+        "csi",
+        "downwardAPI",
+        "emptyDir",
+        "ephemeral",
+        "persistentVolumeClaim",
+        "projected",
+        "secret",
+    }
 )
 SAFE_SYSCTLS = frozenset(
     {
@@ -25,7 +34,9 @@ SAFE_SYSCTLS = frozenset(
         "net.ipv4.tcp_keepalive_probes",
     }
 )
-ALLOWED_SELINUX_TYPES = frozenset({"", "container_t", "container_init_t", "container_kvm_t", "container_engine_t"})
+ALLOWED_SELINUX_TYPES = frozenset(
+    {"", "container_t", "container_init_t", "container_kvm_t", "container_engine_t"}
+)
 ALLOWED_SECCOMP = frozenset({"RuntimeDefault", "Localhost"})
 ALLOWED_APPARMOR = frozenset({"RuntimeDefault", "Localhost"})
 VOLUME_SOURCE_KEYS_IGNORED = frozenset({"name"})
@@ -51,7 +62,9 @@ def _check_selinux(where: str, opts: dict[str, Any] | None, out: list[str]) -> N
 
 def _check_apparmor(where: str, profile: dict[str, Any] | None, out: list[str]) -> None:
     if profile and profile.get("type") not in ALLOWED_APPARMOR:
-        out.append(f"{where}.appArmorProfile.type must be RuntimeDefault or Localhost, not {profile.get('type')!r}")
+        out.append(
+            f"{where}.appArmorProfile.type must be RuntimeDefault or Localhost, not {profile.get('type')!r}"
+        )
 
 
 def restricted_violations(pod_spec: dict[str, Any]) -> list[str]:
@@ -69,7 +82,9 @@ def restricted_violations(pod_spec: dict[str, Any]) -> list[str]:
         kinds = set(vol) - VOLUME_SOURCE_KEYS_IGNORED
         bad = kinds - ALLOWED_VOLUME_TYPES
         if bad:
-            out.append(f"volume {vol.get('name')!r} uses {sorted(bad)}; restricted allows only {sorted(ALLOWED_VOLUME_TYPES)}")
+            out.append(
+                f"volume {vol.get('name')!r} uses {sorted(bad)}; restricted allows only {sorted(ALLOWED_VOLUME_TYPES)}"
+            )
     for sysctl in psc.get("sysctls") or []:
         if sysctl.get("name") not in SAFE_SYSCTLS:
             out.append(f"sysctl {sysctl.get('name')!r} is not in the safe set")
@@ -79,7 +94,9 @@ def restricted_violations(pod_spec: dict[str, Any]) -> list[str]:
     pod_non_root = psc.get("runAsNonRoot") is True
     pod_seccomp = (psc.get("seccompProfile") or {}).get("type")
     if pod_seccomp is not None and pod_seccomp not in ALLOWED_SECCOMP:
-        out.append(f"spec.securityContext.seccompProfile.type must be RuntimeDefault or Localhost, not {pod_seccomp!r}")
+        out.append(
+            f"spec.securityContext.seccompProfile.type must be RuntimeDefault or Localhost, not {pod_seccomp!r}"
+        )
     if psc.get("runAsUser") == 0:
         out.append("spec.securityContext.runAsUser must not be 0")
 
@@ -94,7 +111,9 @@ def restricted_violations(pod_spec: dict[str, Any]) -> list[str]:
             out.append(f"{where}.securityContext.windowsOptions.hostProcess must not be true")
         for port in c.get("ports") or []:
             if port.get("hostPort"):
-                out.append(f"{where} port {port.get('name', port.get('containerPort'))} must not set hostPort")
+                out.append(
+                    f"{where} port {port.get('name', port.get('containerPort'))} must not set hostPort"
+                )
         if sc.get("procMount", "Default") != "Default":
             out.append(f"{where}.securityContext.procMount must be Default")
         _check_selinux(f"{where}.securityContext", sc.get("seLinuxOptions"), out)
@@ -116,7 +135,11 @@ def restricted_violations(pod_spec: dict[str, Any]) -> list[str]:
             out.append(f"{where}.securityContext.runAsUser must not be 0")
         seccomp = (sc.get("seccompProfile") or {}).get("type")
         if seccomp is not None and seccomp not in ALLOWED_SECCOMP:
-            out.append(f"{where}.securityContext.seccompProfile.type must be RuntimeDefault or Localhost, not {seccomp!r}")
+            out.append(
+                f"{where}.securityContext.seccompProfile.type must be RuntimeDefault or Localhost, not {seccomp!r}"
+            )
         if seccomp is None and pod_seccomp is None:
-            out.append(f"{where}: seccompProfile must be RuntimeDefault or Localhost (on the pod or the container)")
+            out.append(
+                f"{where}: seccompProfile must be RuntimeDefault or Localhost (on the pod or the container)"
+            )
     return out

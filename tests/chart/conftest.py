@@ -31,7 +31,9 @@ def tool(name: str) -> str:
         return str(found)
     path = shutil.which(name)
     if path is None:
-        pytest.fail(f"`{name}` not found in {VENV_BIN} or PATH: run ./dev setup (tools/fetch_k8s_tools.py installs it)")
+        pytest.fail(
+            f"`{name}` not found in {VENV_BIN} or PATH: run ./dev setup (tools/fetch_k8s_tools.py installs it)"
+        )
     return path
 
 
@@ -46,7 +48,9 @@ def set_args(values: dict[str, str]) -> list[str]:
     return [arg for key, value in values.items() for arg in ("--set", f"{key}={value}")]
 
 
-def render(values: dict[str, str] | None = None, *, namespace: str = "ftjob-system", crds: bool = False) -> list[dict]:
+def render(
+    values: dict[str, str] | None = None, *, namespace: str = "ftjob-system", crds: bool = False
+) -> list[dict]:
     """`helm template` the chart and return its documents (empty ones dropped)."""
     args = ["template", "t", str(CHART), "--namespace", namespace, *set_args(values or {})]
     if crds:
@@ -67,5 +71,7 @@ def find(docs: list[dict], kind: str, name: str | None = None, namespace: str | 
 
 def one(docs: list[dict], kind: str, **kw: str) -> dict:
     found = find(docs, kind, **kw)
-    assert len(found) == 1, f"expected one {kind} {kw}, got {len(found)}: {[d['metadata']['name'] for d in found]}"
+    assert len(found) == 1, (
+        f"expected one {kind} {kw}, got {len(found)}: {[d['metadata']['name'] for d in found]}"
+    )
     return found[0]

@@ -44,7 +44,9 @@ def rules_of(role: dict) -> dict[tuple[str, str], set[str]]:
     """(apiGroup, resource) -> verbs, failing on wildcards or rules that name several groups."""
     out: dict[tuple[str, str], set[str]] = {}
     for rule in role["rules"]:
-        assert "*" not in rule["verbs"] and "*" not in rule["resources"], f"wildcard in {role['metadata']['name']}: {rule}"
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"], (
+            f"wildcard in {role['metadata']['name']}: {rule}"
+        )
         assert len(rule["apiGroups"]) == 1, f"one apiGroup per rule keeps them reviewable: {rule}"
         assert not rule.get("resourceNames"), rule
         for resource in rule["resources"]:
@@ -94,7 +96,11 @@ def test_rbac_is_cluster_wide_by_default_with_exactly_the_operators_verbs():
     assert rules_of(one(docs, "ClusterRole", name=f"{FULLNAME}-cluster")) == CLUSTER_RULES
     for name in (FULLNAME, f"{FULLNAME}-cluster"):
         binding = one(docs, "ClusterRoleBinding", name=name)
-        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name}
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": name,
+        }
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": RELEASE_NS}]
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == one(docs, "ServiceAccount")["metadata"]["name"] == FULLNAME
@@ -102,7 +108,9 @@ def test_rbac_is_cluster_wide_by_default_with_exactly_the_operators_verbs():
 
 def test_namespaced_rbac_puts_namespaced_rules_in_roles_of_each_watched_namespace():
     docs = render(HA_NAMESPACED, namespace=RELEASE_NS)
-    assert not find(docs, "ClusterRole", name=FULLNAME), "namespaced mode must not grant pods/secrets cluster-wide"
+    assert not find(docs, "ClusterRole", name=FULLNAME), (
+        "namespaced mode must not grant pods/secrets cluster-wide"
+    )
     for ns in ("team-a", "team-b"):
         role = one(docs, "Role", namespace=ns)
         assert rules_of(role) == {**NAMESPACED_RULES, ("kopf.dev", "kopfpeerings"): PEERING_VERBS}
@@ -121,8 +129,13 @@ def test_cluster_wide_peering_grants_cluster_peerings_only():
     assert crd["metadata"]["name"] == "clusterkopfpeerings.kopf.dev" and crd["spec"]["scope"] == "Cluster"
     assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     namespaced = one(render(HA_NAMESPACED), "CustomResourceDefinition")
-    assert namespaced["metadata"]["name"] == "kopfpeerings.kopf.dev" and namespaced["spec"]["scope"] == "Namespaced"
-    assert not find(render({**SCENARIOS["ha-cluster-wide"], "peering.createCRDs": "false"}), "CustomResourceDefinition")
+    assert (
+        namespaced["metadata"]["name"] == "kopfpeerings.kopf.dev"
+        and namespaced["spec"]["scope"] == "Namespaced"
+    )
+    assert not find(
+        render({**SCENARIOS["ha-cluster-wide"], "peering.createCRDs": "false"}), "CustomResourceDefinition"
+    )
 
 
 def test_rbac_group_and_resources_match_the_generated_crd():
@@ -144,7 +157,9 @@ def test_chart_crds_equal_generated_crds():
         pytest.skip("crds/ does not exist yet: `ftjob crd --write` generates it and the chart's copy")
     ours = {p.name: p.read_bytes() for p in (CHART / "crds").glob("*.yaml")}
     theirs = {p.name: p.read_bytes() for p in generated.glob("*.yaml")}
-    assert sorted(ours) == sorted(theirs), "charts/ftjob/crds/ and crds/ hold different files: run `ftjob crd --write`"
+    assert sorted(ours) == sorted(theirs), (
+        "charts/ftjob/crds/ and crds/ hold different files: run `ftjob crd --write`"
+    )
     stale = [name for name in theirs if ours[name] != theirs[name]]
     assert not stale, f"charts/ftjob/crds/ differs from crds/ in {stale}: run `ftjob crd --write`"
 
@@ -154,18 +169,28 @@ def test_operator_flags_are_the_ones_ftjob_operator_accepts():
     docs = render(HA_NAMESPACED)
     container = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     args = container["args"]
-    assert args == ["--log-level=info", "--metrics-port=8080", "--namespace=team-a", "--namespace=team-b",
-                    f"--peering={FULLNAME}"]
+    assert args == [
+        "--log-level=info",
+        "--metrics-port=8080",
+        "--namespace=team-a",
+        "--namespace=team-b",
+        f"--peering={FULLNAME}",
+    ]
     # The image's ENTRYPOINT is `ftjob operator`; the real parser must take the chart's flags as they are.
     parsed = cli._parser().parse_args(["operator", *args])
     assert (parsed.namespaces, parsed.log_level, parsed.metrics_port, parsed.peering) == (
-        ["team-a", "team-b"], "INFO", 8080, FULLNAME,
+        ["team-a", "team-b"],
+        "INFO",
+        8080,
+        FULLNAME,
     )
     env = {e["name"]: e for e in container["env"]}
     assert env["FTJOB_DEFAULT_TRAINER_IMAGE"]["value"] == "ghcr.io/ftjob/trainer:0.1.0"
     assert env["POD_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name", "kopf's peering identity"
     default_args = one(render(), "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert not any(a.startswith(("--namespace", "--peering")) for a in default_args), "default: all namespaces, no peering"
+    assert not any(a.startswith(("--namespace", "--peering")) for a in default_args), (
+        "default: all namespaces, no peering"
+    )
 
 
 def test_rollout_never_overlaps_two_unpeered_operators():
@@ -206,14 +231,22 @@ def test_metrics_service_pdb_and_servicemonitor_select_the_operator_pods():
     assert port["targetPort"] == container["ports"][0]["name"] == "metrics"
     assert container["livenessProbe"]["httpGet"]["port"] == "metrics"
     pdb = one(docs, "PodDisruptionBudget")
-    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items() and pdb["spec"]["maxUnavailable"] == 1
+    assert (
+        pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        and pdb["spec"]["maxUnavailable"] == 1
+    )
     monitor = one(docs, "ServiceMonitor")
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert [e["port"] for e in monitor["spec"]["endpoints"]] == [port["name"]]
     for doc in docs:  # the standard labels on everything the chart creates
         meta_labels = doc["metadata"].get("labels", {})
-        for key in ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by",
-                    "app.kubernetes.io/version", "helm.sh/chart"):
+        for key in (
+            "app.kubernetes.io/name",
+            "app.kubernetes.io/instance",
+            "app.kubernetes.io/managed-by",
+            "app.kubernetes.io/version",
+            "helm.sh/chart",
+        ):
             assert key in meta_labels, f"{doc['kind']}/{doc['metadata']['name']} lacks {key}"
 
 
@@ -221,11 +254,17 @@ def test_metrics_service_pdb_and_servicemonitor_select_the_operator_pods():
     ("values", "message"),
     [
         ("replicaCount: two\n", "replicaCount: Invalid type. Expected: integer, given: string"),
-        ("logLevel: verbose\n", 'logLevel: logLevel must be one of the following: "debug", "info", "warning", "error"'),
+        (
+            "logLevel: verbose\n",
+            'logLevel: logLevel must be one of the following: "debug", "info", "warning", "error"',
+        ),
         ("watchNamespaces: team-a\n", "watchNamespaces: Invalid type. Expected: array, given: string"),
         ("rbac:\n  namespaced: 'yes'\n", "rbac.namespaced: Invalid type. Expected: boolean, given: string"),
         ("metrics:\n  port: 80\n", "metrics.port: Must be greater than or equal to 1024"),
-        ("image:\n  pullPolicy: Sometimes\n", "image.pullPolicy: image.pullPolicy must be one of the following"),
+        (
+            "image:\n  pullPolicy: Sometimes\n",
+            "image.pullPolicy: image.pullPolicy must be one of the following",
+        ),
         ("replicas: 2\n", "Additional property replicas is not allowed"),
     ],
 )
@@ -243,9 +282,14 @@ def test_values_of_the_wrong_type_are_refused_with_the_schemas_message(tmp_path,
     [
         ({"replicaCount": "2"}, "replicaCount > 1 needs peering.enabled=true"),
         ({"rbac.namespaced": "true"}, "rbac.namespaced=true needs watchNamespaces"),
-        ({"networkPolicy.enabled": "true"}, "networkPolicy.enabled=true needs networkPolicy.namespaces or watchNamespaces"),
-        ({"metrics.serviceMonitor.enabled": "true", "metrics.service.enabled": "false"},
-         "metrics.serviceMonitor.enabled=true needs metrics.service.enabled=true"),
+        (
+            {"networkPolicy.enabled": "true"},
+            "networkPolicy.enabled=true needs networkPolicy.namespaces or watchNamespaces",
+        ),
+        (
+            {"metrics.serviceMonitor.enabled": "true", "metrics.service.enabled": "false"},
+            "metrics.serviceMonitor.enabled=true needs metrics.service.enabled=true",
+        ),
         ({"serviceAccount.create": "false"}, "serviceAccount.name: name an existing ServiceAccount"),
     ],
 )
@@ -284,8 +328,10 @@ def documented_leaves(text: str) -> tuple[list[str], list[str]]:
         is_doc = pending_doc or any(d for _, _, d in stack)
         pending_doc = False
         path = ".".join([k for _, k, _ in stack] + [key])
-        nxt = next((ln for ln in lines[i + 1:] if ln.strip() and not ln.strip().startswith("#")), "")
-        has_children = not rest and (len(nxt) - len(nxt.lstrip())) > indent and not nxt.strip().startswith("- ")
+        nxt = next((ln for ln in lines[i + 1 :] if ln.strip() and not ln.strip().startswith("#")), "")
+        has_children = (
+            not rest and (len(nxt) - len(nxt.lstrip())) > indent and not nxt.strip().startswith("- ")
+        )
         if has_children:
             stack.append((indent, key, is_doc))
         else:
@@ -296,9 +342,13 @@ def documented_leaves(text: str) -> tuple[list[str], list[str]]:
 def test_every_value_has_a_helm_docs_comment():
     documented, missing = documented_leaves((CHART / "values.yaml").read_text())
     assert not missing, f"values without a `# --` comment: {missing}"
-    assert {"replicaCount", "image.tag", "peering.enabled", "networkPolicy.namespaces", "resources.limits.cpu"} <= set(
-        documented
-    )
+    assert {
+        "replicaCount",
+        "image.tag",
+        "peering.enabled",
+        "networkPolicy.namespaces",
+        "resources.limits.cpu",
+    } <= set(documented)
     # The checker itself: an undocumented leaf is reported.
     assert documented_leaves("# -- a\na: 1\nb:\n  c: 2\n") == (["a"], ["b.c"])
 
