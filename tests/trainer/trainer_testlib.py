@@ -1,0 +1,131 @@
+"""Helpers for the trainer tests: run the real trainer under the real torchrun, watch its report, clean up."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+# The tiny model, short sequences: a step takes tens of milliseconds on a CPU.
+TINY = [
+    "--model",
+    "tiny",
+    "--seq-len",
+    "32",
+    "--global-batch-size",
+    "4",
+    "--log-every",
+    "1",
+    "--warmup-steps",
+    "2",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class Procs:
+    """Every process a test starts, each in its own session, so cleanup can kill its whole tree by id."""
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, argv: list[str], *, name: str, env: dict | None = None) -> subprocess.Popen:
+        full_env = dict(os.environ)
+        full_env["PATH"] = f"{BIN}:{full_env.get('PATH', '')}"
+        full_env["PYTHONPATH"] = f"{REPO}:{REPO / 'trainer_image'}"
+        full_env["OMP_NUM_THREADS"] = "1"  # two ranks on two cores
+        full_env.update(env or {})
+        log = open(self.tmp / f"{name}.log", "w")
+        p = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True, cwd=REPO
+        )
+        p.log_path = self.tmp / f"{name}.log"  # type: ignore[attr-defined]
+        self.procs.append(p)
+        return p
+
+    def torchrun(
+        self,
+        args: list[str],
+        *,
+        name: str,
+        nproc: int = 2,
+        env: dict | None = None,
+        rdzv: list[str] | None = None,
+    ) -> subprocess.Popen:
+        launcher = rdzv or ["--standalone"]
+        argv = [
+            str(BIN / "torchrun"),
+            *launcher,
+            f"--nproc-per-node={nproc}",
+            "--max-restarts=0",
+            "-m",
+            "ftjob_trainer.train",
+            *args,
+        ]
+        return self.start(argv, name=name, env=env)
+
+    def cleanup(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(
+                        p.pid, signal.SIGKILL
+                    )  # the session we created for it: this process and its workers
+                except ProcessLookupError:
+                    pass
+                p.wait(timeout=30)
+
+
+def log_of(p: subprocess.Popen) -> str:
+    return Path(p.log_path).read_text()  # type: ignore[attr-defined]
+
+
+def wait_for(pred, *, timeout: float, proc: subprocess.Popen | None = None, what: str = "condition"):
+    """Poll pred() until it returns a truthy value; fail early if proc exits first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            value = pred()
+            if value:
+                return value
+            pytest.fail(f"process exited with {proc.returncode} before {what}:\n{log_of(proc)[-4000:]}")
+        time.sleep(0.05)
+    pytest.fail(
+        f"timed out after {timeout}s waiting for {what}" + (f":\n{log_of(proc)[-4000:]}" if proc else "")
+    )
+
+
+def finish(p: subprocess.Popen, timeout: float = 120) -> int:
+    try:
+        return p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"process did not exit within {timeout}s:\n{log_of(p)[-4000:]}")
+
+
+def report_step(path: Path) -> int:
+    doc = read_json(path)
+    return doc["step"] if doc else -1
