@@ -74,7 +74,7 @@ class LocalCluster:
 
     def alive(self, name: str) -> dict | None:
         rec = self._record(name)
-        if rec and _cpu_start_time(rec["pid"]) == rec.get("start"):
+        if rec and _cpu_start_time(rec["pid"]) == rec.get("start") and _state(rec["pid"]) != "Z":
             return rec
         return None
 

@@ -11,8 +11,8 @@ What it emulates and how (also posted as a pod event, reason LocalEmulation):
 - termination message: terminationMessagePath (also rewritten where it appears) is a real file, also named by
   $FTJOB_TERMINATION_LOG; its content becomes state.terminated.message.
 - resources: requests count for scheduling only; limits are not enforced (no OOMKilled).
-Logs go to DIR/logs/pods/<ns>_<pod>_<uid>/<container>/<restartCount>.log (the kubelet's own layout), the file
-the API server serves for `kubectl logs`.
+Logs (stdout and stderr together) go to DIR/logs/<namespace>/<pod>/<container>.log, the file the API server serves
+for `kubectl logs`; on a restart the previous run's log moves to <container>.previous.log (`kubectl logs -p`).
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ _KUBELET_CONDITIONS = ("PodScheduled", "Initialized", "ContainersReady", "Ready"
 _HOST_ENV = ("HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "USER", "LOGNAME")
 
 
-def log_path(state_dir: Path, namespace: str, name: str, uid: str, container: str, restart: int) -> Path:
-    return Path(state_dir) / "logs" / "pods" / f"{namespace}_{name}_{uid}" / container / f"{restart}.log"
+def log_path(state_dir: Path, namespace: str, name: str, container: str, previous: bool = False) -> Path:
+    """The API server reads the same path (apiserver.server logs_dir)."""
+    return Path(state_dir) / "logs" / namespace / name / (container + (".previous.log" if previous else ".log"))
 
 
 # --- $(VAR) expansion, as Kubernetes does it ------------------------------------------------------------------
@@ -455,8 +456,13 @@ class PodWorker:
             cwd.mkdir(parents=True, exist_ok=True)
         c.cwd = str(cwd)
         c.term_file.write_bytes(b"")
-        c.log_file = log_path(self.k.state_dir, self.ns, self.name, self.uid, c.name, c.restart_count)
+        c.log_file = log_path(self.k.state_dir, self.ns, self.name, c.name)
         c.log_file.parent.mkdir(parents=True, exist_ok=True)
+        if (c.restart_count or c.last_state) and c.log_file.exists():
+            c.log_file.replace(log_path(self.k.state_dir, self.ns, self.name, c.name, previous=True))
+        elif not c.started_mono:  # a new pod that reuses an old pod's name starts with empty logs
+            c.log_file.unlink(missing_ok=True)
+            log_path(self.k.state_dir, self.ns, self.name, c.name, previous=True).unlink(missing_ok=True)
         with open(c.log_file, "ab") as out:
             try:
                 c.proc = subprocess.Popen(argv, cwd=c.cwd, env=c.env, stdin=subprocess.DEVNULL, stdout=out,
