@@ -116,7 +116,9 @@ class WorkersSpec(_Model):
 class PersistentVolumeClaimRef(_Model):
     """A PVC shared by every worker."""
 
-    claim_name: str = Field(..., min_length=1, description="claimName is the PersistentVolumeClaim in the job's namespace.")
+    claim_name: str = Field(
+        ..., min_length=1, description="claimName is the PersistentVolumeClaim in the job's namespace."
+    )
 
 
 class HostPathRef(_Model):
@@ -129,7 +131,8 @@ class HostPathRef(_Model):
         description="path is the absolute directory on the node that holds the checkpoints.",
     )
     type: Literal["", "DirectoryOrCreate", "Directory"] = Field(
-        "DirectoryOrCreate", description="type is the hostPath type; DirectoryOrCreate makes the directory if missing."
+        "DirectoryOrCreate",
+        description="type is the hostPath type; DirectoryOrCreate makes the directory if missing.",
     )
 
 
@@ -154,11 +157,13 @@ class CheckpointVolume(_Model):
     )
 
     persistent_volume_claim: PersistentVolumeClaimRef | None = Field(
-        None, description="persistentVolumeClaim names a claim every worker mounts (ReadWriteMany for several nodes)."
+        None,
+        description="persistentVolumeClaim names a claim every worker mounts (ReadWriteMany for several nodes).",
     )
     host_path: HostPathRef | None = Field(None, description="hostPath mounts a node directory.")
     empty_dir: EmptyDirRef | None = Field(
-        None, description="emptyDir keeps checkpoints only for the pod's lifetime; a replaced worker starts empty."
+        None,
+        description="emptyDir keeps checkpoints only for the pod's lifetime; a replaced worker starts empty.",
     )
 
     @model_validator(mode="after")
@@ -193,7 +198,9 @@ class CheckpointSpec(_Model):
         description="everySteps saves a checkpoint every N optimizer steps; 0 saves only on preemption, "
         "request, suspend and at the end.",
     )
-    keep_last: int = Field(2, ge=1, le=1000, description="keepLast is how many committed checkpoints to keep.")
+    keep_last: int = Field(
+        2, ge=1, le=1000, description="keepLast is how many committed checkpoints to keep."
+    )
     async_save: bool = Field(
         False, description="asyncSave stages periodic saves to host memory and writes them in the background."
     )
@@ -288,17 +295,23 @@ class TrainerSpec(_Model):
     """Settings of the built-in trainer (ftjob_trainer.train), passed as FTJOB_* environment."""
 
     model: str = Field("tiny", min_length=1, description="model is the built-in preset: tiny, 125m or 1b.")
-    steps: int = Field(100, ge=1, description="steps is the optimizer steps of the whole job (resumes continue to it).")
-    global_batch_size: int = Field(8, ge=1, description="globalBatchSize is samples per optimizer step over all ranks.")
+    steps: int = Field(
+        100, ge=1, description="steps is the optimizer steps of the whole job (resumes continue to it)."
+    )
+    global_batch_size: int = Field(
+        8, ge=1, description="globalBatchSize is samples per optimizer step over all ranks."
+    )
     seq_len: int = Field(128, ge=2, description="seqLen is tokens per sample.")
-    learning_rate: float | None = Field(None, gt=0, description="learningRate is the peak AdamW learning rate.")
+    learning_rate: float | None = Field(
+        None, gt=0, description="learningRate is the peak AdamW learning rate."
+    )
     seed: int | None = Field(None, description="seed seeds model init and the synthetic data.")
     data: str | None = Field(
         None, description="data is 'synthetic' or a path (inside the pod) to a .txt or .bin token file."
     )
     flags: dict[str, str] | None = Field(
         None,
-        description="flags sets more trainer flags by name, e.g. {\"warmup-steps\": \"5\"} (passed as "
+        description='flags sets more trainer flags by name, e.g. {"warmup-steps": "5"} (passed as '
         "FTJOB_WARMUP_STEPS).",
         json_schema_extra={"maxProperties": 64},
     )
@@ -308,7 +321,9 @@ class SchedulingSpec(_Model):
     """Where pods of one role run."""
 
     node_selector: dict[str, str] | None = Field(None, description="nodeSelector is the pods' nodeSelector.")
-    tolerations: list[dict[str, Any]] | None = _free_list("tolerations are the pods' tolerations (core/v1 Toleration).")
+    tolerations: list[dict[str, Any]] | None = _free_list(
+        "tolerations are the pods' tolerations (core/v1 Toleration)."
+    )
     affinity: dict[str, Any] | None = _free("affinity is the pods' affinity (core/v1 Affinity).")
     priority_class_name: str | None = Field(None, description="priorityClassName is the pods' PriorityClass.")
 
@@ -317,7 +332,9 @@ class SchedulingRoles(_Model):
     """Scheduling for workers and for the coordinator, separately (e.g. workers on spot, coordinator on-demand)."""
 
     workers: SchedulingSpec = _sub(SchedulingSpec, "workers is the scheduling of worker pods.")
-    coordinator: SchedulingSpec = _sub(SchedulingSpec, "coordinator is the scheduling of the coordinator pod.")
+    coordinator: SchedulingSpec = _sub(
+        SchedulingSpec, "coordinator is the scheduling of the coordinator pod."
+    )
 
 
 class PodTemplateSpec(_Model):
@@ -329,23 +346,35 @@ class PodTemplateSpec(_Model):
         json_schema_extra={"maxProperties": 64},
     )
     annotations: dict[str, str] | None = Field(None, description="annotations are added to every pod.")
-    env: list[dict[str, Any]] | None = _free_list("env is extra worker environment (core/v1 EnvVar; FTJOB_* names the operator sets are reserved).")
-    volumes: list[dict[str, Any]] | None = _free_list("volumes are extra worker pod volumes (core/v1 Volume).")
-    volume_mounts: list[dict[str, Any]] | None = _free_list("volumeMounts are extra worker container mounts (core/v1 VolumeMount).")
+    env: list[dict[str, Any]] | None = _free_list(
+        "env is extra worker environment (core/v1 EnvVar; FTJOB_* names the operator sets are reserved)."
+    )
+    volumes: list[dict[str, Any]] | None = _free_list(
+        "volumes are extra worker pod volumes (core/v1 Volume)."
+    )
+    volume_mounts: list[dict[str, Any]] | None = _free_list(
+        "volumeMounts are extra worker container mounts (core/v1 VolumeMount)."
+    )
     security_context: dict[str, Any] | None = _free(
         "securityContext replaces the containers' default (non-root, no privilege escalation, drop ALL)."
     )
     pod_security_context: dict[str, Any] | None = _free(
         "podSecurityContext replaces the pods' default (runAsNonRoot, uid 1000, seccomp RuntimeDefault)."
     )
-    service_account_name: str | None = Field(None, description="serviceAccountName is the pods' service account.")
-    image_pull_secrets: list[dict[str, Any]] | None = _free_list("imagePullSecrets are the pods' pull secrets.")
+    service_account_name: str | None = Field(
+        None, description="serviceAccountName is the pods' service account."
+    )
+    image_pull_secrets: list[dict[str, Any]] | None = _free_list(
+        "imagePullSecrets are the pods' pull secrets."
+    )
 
 
 class TrainingJobSpec(_Model):
     """The desired state of a TrainingJob."""
 
-    image: str = Field(..., min_length=1, description="image is the trainer image (torch, torchrun, ftjob_trainer).")
+    image: str = Field(
+        ..., min_length=1, description="image is the trainer image (torch, torchrun, ftjob_trainer)."
+    )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         "IfNotPresent", description="imagePullPolicy is the containers' image pull policy."
     )
@@ -359,11 +388,17 @@ class TrainingJobSpec(_Model):
     processes_per_worker: int = Field(
         1, ge=1, le=64, description="processesPerWorker is ranks per worker pod (torchrun --nproc-per-node)."
     )
-    resources: dict[str, Any] | None = _free("resources are the worker containers' resources (core/v1 ResourceRequirements).")
-    coordinator_resources: dict[str, Any] | None = _free("coordinatorResources are the coordinator container's resources.")
+    resources: dict[str, Any] | None = _free(
+        "resources are the worker containers' resources (core/v1 ResourceRequirements)."
+    )
+    coordinator_resources: dict[str, Any] | None = _free(
+        "coordinatorResources are the coordinator container's resources."
+    )
     checkpoint: CheckpointSpec = _sub(CheckpointSpec, "checkpoint is storage and cadence of checkpoints.")
     preemption: PreemptionSpec = _sub(PreemptionSpec, "preemption is notice and grace handling.")
-    failure_policy: FailurePolicySpec = _sub(FailurePolicySpec, "failurePolicy is the failure budget and backoff.")
+    failure_policy: FailurePolicySpec = _sub(
+        FailurePolicySpec, "failurePolicy is the failure budget and backoff."
+    )
     rendezvous: RendezvousSpec = _sub(RendezvousSpec, "rendezvous is torchrun's c10d timing.")
     trainer: TrainerSpec = _sub(TrainerSpec, "trainer is the built-in trainer's settings.")
     suspend: bool = Field(
@@ -374,10 +409,13 @@ class TrainingJobSpec(_Model):
         None, ge=0, description="ttlSecondsAfterFinished deletes the job this long after Succeeded or Failed."
     )
     clean_pod_policy: Literal["All", "None"] = Field(
-        "All", description="cleanPodPolicy: All deletes finished pods when the job ends; None keeps them (logs)."
+        "All",
+        description="cleanPodPolicy: All deletes finished pods when the job ends; None keeps them (logs).",
     )
     scheduling: SchedulingRoles = _sub(SchedulingRoles, "scheduling is placement of workers and coordinator.")
-    pod_template: PodTemplateSpec = _sub(PodTemplateSpec, "podTemplate adds labels, env, volumes, security settings.")
+    pod_template: PodTemplateSpec = _sub(
+        PodTemplateSpec, "podTemplate adds labels, env, volumes, security settings."
+    )
 
     model_config = ConfigDict(
         json_schema_extra=_rules(
@@ -393,12 +431,14 @@ class TrainingJobSpec(_Model):
     )
 
 
-
-
 # ------------------------------------------------------------------------------------------------- status
-ConditionType = Literal["Created", "Running", "Restarting", "Preempted", "Suspended", "Succeeded", "Failed", "InvalidSpec"]
+ConditionType = Literal[
+    "Created", "Running", "Restarting", "Preempted", "Suspended", "Succeeded", "Failed", "InvalidSpec"
+]
 CONDITION_TYPES: tuple[str, ...] = ConditionType.__args__  # type: ignore[attr-defined]
-Phase = Literal["Pending", "Running", "Restarting", "Suspending", "Suspended", "Succeeded", "Failed", "Invalid"]
+Phase = Literal[
+    "Pending", "Running", "Restarting", "Suspending", "Suspended", "Succeeded", "Failed", "Invalid"
+]
 PHASES: tuple[str, ...] = Phase.__args__  # type: ignore[attr-defined]
 FINISHED_PHASES = ("Succeeded", "Failed")
 
@@ -410,8 +450,14 @@ class Condition(_Model):
     status: Literal["True", "False", "Unknown"] = Field(..., description="status is True, False or Unknown.")
     reason: str = Field(..., min_length=1, description="reason is a CamelCase word for the last transition.")
     message: str = Field("", description="message says what happened, for humans.")
-    last_transition_time: str = Field(..., description="lastTransitionTime is when status last changed.", json_schema_extra={"format": "date-time"})
-    observed_generation: int | None = Field(None, description="observedGeneration is the spec generation it describes.")
+    last_transition_time: str = Field(
+        ...,
+        description="lastTransitionTime is when status last changed.",
+        json_schema_extra={"format": "date-time"},
+    )
+    observed_generation: int | None = Field(
+        None, description="observedGeneration is the spec generation it describes."
+    )
 
 
 class WorkersStatus(_Model):
@@ -426,7 +472,9 @@ class CheckpointStatus(_Model):
     """The newest committed checkpoint the coordinator reported."""
 
     step: int = Field(..., description="step of the checkpoint.")
-    time: str | None = Field(None, description="time the checkpoint was committed.", json_schema_extra={"format": "date-time"})
+    time: str | None = Field(
+        None, description="time the checkpoint was committed.", json_schema_extra={"format": "date-time"}
+    )
     path: str | None = Field(None, description="path of the checkpoint directory inside the pods.")
 
 
@@ -437,11 +485,15 @@ class FailureStatus(_Model):
     exit_code: int | None = Field(None, description="exitCode of its container.")
     reason: str | None = Field(None, description="reason Kubernetes or the trainer gave.")
     message: str | None = Field(None, description="message is the trainer's termination message.")
-    time: str | None = Field(None, description="time the failure was counted.", json_schema_extra={"format": "date-time"})
+    time: str | None = Field(
+        None, description="time the failure was counted.", json_schema_extra={"format": "date-time"}
+    )
 
 
 def _names(description: str) -> Any:
-    return Field(default_factory=list, description=description, json_schema_extra={"x-kubernetes-list-type": "set"})
+    return Field(
+        default_factory=list, description=description, json_schema_extra={"x-kubernetes-list-type": "set"}
+    )
 
 
 class TrainingJobStatus(_Model):
@@ -453,33 +505,72 @@ class TrainingJobStatus(_Model):
         description="conditions are the latest observations (metav1.Condition).",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
-    observed_generation: int | None = Field(None, description="observedGeneration is the last spec generation planned.")
+    observed_generation: int | None = Field(
+        None, description="observedGeneration is the last spec generation planned."
+    )
     workers: WorkersStatus = Field(default_factory=WorkersStatus, description="workers are worker counts.")
-    selector: str | None = Field(None, description="selector is the label selector of worker pods (scale subresource).")
-    preemptions: int = Field(0, description="preemptions counts pods lost to preemption, eviction or node loss.")
-    failures: int = Field(0, description="failures counts pods that failed on their own (the failure budget).")
+    selector: str | None = Field(
+        None, description="selector is the label selector of worker pods (scale subresource)."
+    )
+    preemptions: int = Field(
+        0, description="preemptions counts pods lost to preemption, eviction or node loss."
+    )
+    failures: int = Field(
+        0, description="failures counts pods that failed on their own (the failure budget)."
+    )
     restarts: int = Field(0, description="restarts counts job restarts after failures.")
-    last_checkpoint: CheckpointStatus | None = Field(None, description="lastCheckpoint is the newest committed checkpoint.")
+    last_checkpoint: CheckpointStatus | None = Field(
+        None, description="lastCheckpoint is the newest committed checkpoint."
+    )
     step: int | None = Field(None, description="step is the newest training step the coordinator reported.")
-    start_time: str | None = Field(None, description="startTime is when the first pods were created.", json_schema_extra={"format": "date-time"})
-    completion_time: str | None = Field(None, description="completionTime is when the job Succeeded or Failed.", json_schema_extra={"format": "date-time"})
+    start_time: str | None = Field(
+        None,
+        description="startTime is when the first pods were created.",
+        json_schema_extra={"format": "date-time"},
+    )
+    completion_time: str | None = Field(
+        None,
+        description="completionTime is when the job Succeeded or Failed.",
+        json_schema_extra={"format": "date-time"},
+    )
     last_failure: FailureStatus | None = Field(None, description="lastFailure is the last counted failure.")
     # Bookkeeping that keeps the planner idempotent across operator restarts.
-    restart_generation: int = Field(0, description="restartGeneration labels the current set of pods; bumped by failure restarts and suspend.")
+    restart_generation: int = Field(
+        0,
+        description="restartGeneration labels the current set of pods; bumped by failure restarts and suspend.",
+    )
     next_pod_index: int = Field(0, description="nextPodIndex numbers the next pod (names are never reused).")
-    backoff_until: str | None = Field(None, description="backoffUntil is when the pending failure restart may create pods.", json_schema_extra={"format": "date-time"})
+    backoff_until: str | None = Field(
+        None,
+        description="backoffUntil is when the pending failure restart may create pods.",
+        json_schema_extra={"format": "date-time"},
+    )
     handled_checkpoint_request: str | None = Field(
-        None, description="handledCheckpointRequest is the ftjob.dev/checkpoint-request value already asked for."
+        None,
+        description="handledCheckpointRequest is the ftjob.dev/checkpoint-request value already asked for.",
     )
     suspend_requested_at: str | None = Field(
-        None, description="suspendRequestedAt is when suspend asked for its checkpoint.", json_schema_extra={"format": "date-time"}
+        None,
+        description="suspendRequestedAt is when suspend asked for its checkpoint.",
+        json_schema_extra={"format": "date-time"},
     )
     coordinator_lost_at: str | None = Field(
-        None, description="coordinatorLostAt is when the coordinator was last lost (workers failing soon after are not blamed).", json_schema_extra={"format": "date-time"}
+        None,
+        description="coordinatorLostAt is when the coordinator was last lost (workers failing soon after are not blamed).",
+        json_schema_extra={"format": "date-time"},
     )
-    known_pods: list[str] = _names("knownPods are current pods seen alive at the last plan (a vanished one counts as lost).")
-    retired_pods: list[str] = _names("retiredPods are pods already counted as lost or removed on purpose (never counted twice).")
-    noticed_pods: list[str] = _names("noticedPods are pods whose termination notice already triggered a checkpoint request.")
+    known_pods: list[str] = _names(
+        "knownPods are current pods seen alive at the last plan (a vanished one counts as lost)."
+    )
+    retired_pods: list[str] = _names(
+        "retiredPods are pods already counted as lost or removed on purpose (never counted twice)."
+    )
+    pending_pods: list[str] = _names(
+        "pendingPods are pods created but not yet seen in a list (their create is re-issued, never a second pod)."
+    )
+    noticed_pods: list[str] = _names(
+        "noticedPods are pods whose termination notice already triggered a checkpoint request."
+    )
 
 
 class TrainingJob(_Model):
@@ -501,9 +592,13 @@ class TrainingJob(_Model):
         ),
     )
 
-    api_version: Literal["ftjob.dev/v1alpha1"] = Field(API_VERSION, description="apiVersion is ftjob.dev/v1alpha1.")
+    api_version: Literal["ftjob.dev/v1alpha1"] = Field(
+        API_VERSION, description="apiVersion is ftjob.dev/v1alpha1."
+    )
     kind: Literal["TrainingJob"] = Field(KIND, description="kind is TrainingJob.")
-    metadata: dict[str, Any] = Field(default_factory=dict, description="metadata is the standard object metadata.")
+    metadata: dict[str, Any] = Field(
+        default_factory=dict, description="metadata is the standard object metadata."
+    )
     spec: TrainingJobSpec = Field(..., description="spec is the desired state.")
     status: TrainingJobStatus | None = Field(None, description="status is the observed state.")
 

@@ -20,7 +20,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(SUBCOMMANDS) + "}", required=True)
 
-    op = sub.add_parser("operator", help="run the operator against the current kubeconfig or in-cluster config")
+    op = sub.add_parser(
+        "operator", help="run the operator against the current kubeconfig or in-cluster config"
+    )
     op.add_argument(
         "--namespace",
         "-n",
@@ -31,7 +33,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     op.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
     op.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS, help="default INFO")
-    op.add_argument("--metrics-port", type=int, default=8080, help="Prometheus /metrics port; 0 disables (default 8080)")
+    op.add_argument(
+        "--metrics-port", type=int, default=8080, help="Prometheus /metrics port; 0 disables (default 8080)"
+    )
     op.add_argument(
         "--peering",
         default=None,
@@ -45,7 +49,9 @@ def _parser() -> argparse.ArgumentParser:
 
     # `local` and `demo` take their own flags; everything after the subcommand goes to them untouched.
     sub.add_parser("local", help="the embedded local cluster: up|down|status|preempt", add_help=False)
-    sub.add_parser("demo", help="run the demo job on the local cluster and print recovery figures", add_help=False)
+    sub.add_parser(
+        "demo", help="run the demo job on the local cluster and print recovery figures", add_help=False
+    )
     return parser
 
 

@@ -121,8 +121,18 @@ def check_structural(schema: dict[str, Any], path: str = "") -> list[str]:
 
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "phase of the job"},
-    {"name": "Ready", "type": "integer", "jsonPath": ".status.workers.ready", "description": "running workers"},
-    {"name": "Desired", "type": "integer", "jsonPath": ".status.workers.desired", "description": "desired workers"},
+    {
+        "name": "Ready",
+        "type": "integer",
+        "jsonPath": ".status.workers.ready",
+        "description": "running workers",
+    },
+    {
+        "name": "Desired",
+        "type": "integer",
+        "jsonPath": ".status.workers.desired",
+        "description": "desired workers",
+    },
     {"name": "Step", "type": "integer", "jsonPath": ".status.step", "description": "newest training step"},
     {
         "name": "Checkpoint",
@@ -130,8 +140,18 @@ PRINTER_COLUMNS = [
         "jsonPath": ".status.lastCheckpoint.step",
         "description": "step of the newest committed checkpoint",
     },
-    {"name": "Preemptions", "type": "integer", "jsonPath": ".status.preemptions", "description": "pods lost to preemption"},
-    {"name": "Failures", "type": "integer", "jsonPath": ".status.failures", "description": "failures (the budget)"},
+    {
+        "name": "Preemptions",
+        "type": "integer",
+        "jsonPath": ".status.preemptions",
+        "description": "pods lost to preemption",
+    },
+    {
+        "name": "Failures",
+        "type": "integer",
+        "jsonPath": ".status.failures",
+        "description": "failures (the budget)",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

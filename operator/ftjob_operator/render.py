@@ -153,7 +153,9 @@ def worker_selector(job: str) -> str:
     return f"{LABEL_JOB_NAME}={job},{LABEL_ROLE}={ROLE_WORKER}"
 
 
-def _meta(ref: JobRef, name: str, labels: dict[str, str], annotations: dict[str, str] | None = None) -> dict[str, Any]:
+def _meta(
+    ref: JobRef, name: str, labels: dict[str, str], annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "name": name,
         "namespace": ref.namespace,
@@ -188,8 +190,18 @@ def render_service(ref: JobRef) -> dict[str, Any]:
             "type": "ClusterIP",
             "selector": {LABEL_JOB_NAME: ref.name, LABEL_ROLE: ROLE_COORDINATOR},
             "ports": [
-                {"name": "rdzv", "port": contract.RDZV_PORT, "targetPort": contract.RDZV_PORT, "protocol": "TCP"},
-                {"name": "control", "port": contract.CONTROL_PORT, "targetPort": contract.CONTROL_PORT, "protocol": "TCP"},
+                {
+                    "name": "rdzv",
+                    "port": contract.RDZV_PORT,
+                    "targetPort": contract.RDZV_PORT,
+                    "protocol": "TCP",
+                },
+                {
+                    "name": "control",
+                    "port": contract.CONTROL_PORT,
+                    "targetPort": contract.CONTROL_PORT,
+                    "protocol": "TCP",
+                },
             ],
             # Workers reach the store before the coordinator reports ready only through retries; not publishing
             # unready endpoints keeps the proxy from routing to a pod that is not listening yet.
@@ -203,7 +215,10 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
 
 
 def _token_env(ref: JobRef) -> dict[str, Any]:
-    return {"name": contract.ENV_TOKEN, "valueFrom": {"secretKeyRef": {"name": secret_name(ref.name), "key": TOKEN_KEY}}}
+    return {
+        "name": contract.ENV_TOKEN,
+        "valueFrom": {"secretKeyRef": {"name": secret_name(ref.name), "key": TOKEN_KEY}},
+    }
 
 
 def _scheduling(pod_spec: dict[str, Any], scheduling: api.SchedulingSpec) -> None:
@@ -240,7 +255,9 @@ def _pod_labels_with_template(spec: api.TrainingJobSpec, labels: dict[str, str])
     return {**(spec.pod_template.labels or {}), **labels}
 
 
-def render_coordinator_pod(ref: JobRef, spec: api.TrainingJobSpec, *, index: int, generation: int) -> dict[str, Any]:
+def render_coordinator_pod(
+    ref: JobRef, spec: api.TrainingJobSpec, *, index: int, generation: int
+) -> dict[str, Any]:
     pod_spec = _pod_common(spec)
     _scheduling(pod_spec, spec.scheduling.coordinator)
     container: dict[str, Any] = {
@@ -332,7 +349,10 @@ def trainer_env(spec: api.TrainingJobSpec) -> list[dict[str, Any]]:
 def checkpoint_volume(spec: api.TrainingJobSpec) -> dict[str, Any]:
     v = spec.checkpoint.volume
     if v.persistent_volume_claim is not None:
-        return {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": v.persistent_volume_claim.claim_name}}
+        return {
+            "name": CHECKPOINT_VOLUME,
+            "persistentVolumeClaim": {"claimName": v.persistent_volume_claim.claim_name},
+        }
     if v.host_path is not None:
         return {"name": CHECKPOINT_VOLUME, "hostPath": {"path": v.host_path.path, "type": v.host_path.type}}
     empty = v.empty_dir or api.EmptyDirRef()
@@ -343,7 +363,9 @@ def render_worker_pod(
     ref: JobRef, spec: api.TrainingJobSpec, *, index: int, generation: int, coordinator_ip: str
 ) -> dict[str, Any]:
     if not coordinator_ip:
-        raise ValueError("render_worker_pod needs the coordinator Service's clusterIP (wait until it is assigned)")
+        raise ValueError(
+            "render_worker_pod needs the coordinator Service's clusterIP (wait until it is assigned)"
+        )
     t = timing(spec)
     env: list[dict[str, Any]] = [
         _field_env("POD_IP", "status.podIP"),
