@@ -72,13 +72,14 @@ class Procs:
         nproc: int = 2,
         env: dict | None = None,
         rdzv: list[str] | None = None,
+        max_restarts: int = 0,
     ) -> subprocess.Popen:
         launcher = rdzv or ["--standalone"]
         argv = [
             str(BIN / "torchrun"),
             *launcher,
             f"--nproc-per-node={nproc}",
-            "--max-restarts=0",
+            f"--max-restarts={max_restarts}",
             "-m",
             "ftjob_trainer.train",
             *args,
@@ -129,3 +130,59 @@ def finish(p: subprocess.Popen, timeout: float = 120) -> int:
 def report_step(path: Path) -> int:
     doc = read_json(path)
     return doc["step"] if doc else -1
+
+
+def start_coordinator(
+    procs: Procs, token: str = "s3cret", name: str = "coordinator"
+) -> tuple[subprocess.Popen, dict]:
+    """The real coordinator on free ports (port 0); returns the process and its first stdout line (the ports)."""
+    p = procs.start(
+        [
+            sys.executable,
+            "-m",
+            "ftjob_trainer.coordinator",
+            "--host",
+            "127.0.0.1",
+            "--store-port",
+            "0",
+            "--control-port",
+            "0",
+        ],
+        name=name,
+        env={"FTJOB_TOKEN": token},
+    )
+
+    def ports():
+        for line in log_of(p).splitlines():
+            if line.startswith("{"):
+                return json.loads(line)
+        return None
+
+    return p, wait_for(ports, timeout=60, proc=p, what="the coordinator's ports")
+
+
+def http(method: str, url: str, token: str | None = None, body: dict | None = None) -> tuple[int, dict | str]:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, method=method, data=None if body is None else json.dumps(body).encode())
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            raw, code = r.read().decode(), r.status
+    except urllib.error.HTTPError as e:
+        raw, code = e.read().decode(), e.code
+    try:
+        return code, json.loads(raw)
+    except ValueError:
+        return code, raw
+
+
+def list_steps(ckpt: Path) -> list[int]:
+    """Committed checkpoint steps, oldest first (names as the trainer commits them)."""
+    if not ckpt.is_dir():
+        return []
+    return sorted(
+        int(n.name[5:]) for n in ckpt.iterdir() if n.name.startswith("step-") and (n / "ftjob.json").exists()
+    )

@@ -1,0 +1,109 @@
+"""The coordinator's control API (token, progress, checkpoint requests) and a trainer answering a request."""
+
+from __future__ import annotations
+
+import pytest
+from torch.distributed import TCPStore
+from trainer_testlib import (
+    TINY,
+    finish,
+    http,
+    list_steps,
+    log_of,
+    read_json,
+    report_step,
+    start_coordinator,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slow
+TOKEN = "s3cret"
+
+
+def test_token_is_required_and_the_api_answers(procs):
+    _, ports = start_coordinator(procs, TOKEN)
+    base = f"http://127.0.0.1:{ports['controlPort']}"
+    assert http("GET", base + "/healthz") == (200, "ok")  # probes carry no token
+    for token in (None, "wrong", ""):
+        code, doc = http("GET", base + "/v1/progress", token)
+        assert code == 401 and "Bearer" in doc["error"]
+        assert http("POST", base + "/v1/checkpoint", token, {"reason": "x"})[0] == 401
+    code, doc = http("GET", base + "/v1/progress", TOKEN)
+    assert (
+        code == 200
+        and doc["step"] is None
+        and doc["checkpointRequest"] is None
+        and doc["handledRequestId"] == 0
+    )
+    assert http("POST", base + "/v1/checkpoint", TOKEN, {"reason": "before upgrade"}) == (200, {"id": 1})
+    assert http("POST", base + "/v1/checkpoint", TOKEN, {}) == (200, {"id": 2})
+    code, doc = http("POST", base + "/v1/progress", TOKEN, {"step": 7, "loss": 2.5, "handledRequestId": 1})
+    assert code == 200 and doc["step"] == 7 and doc["checkpointRequest"] == {"id": 2, "reason": "requested"}
+    code, doc = http("POST", base + "/v1/progress", TOKEN, {"step": "seven"})
+    assert code == 400 and "step" in doc["error"]
+    code, doc = http("POST", base + "/v1/progress", TOKEN, {"stepp": 1})
+    assert code == 400 and "unknown progress field" in doc["error"]
+    assert http("GET", base + "/v1/nothing", TOKEN)[0] == 404
+    # the rendezvous half: a TCPStore server any client can use
+    client = TCPStore(
+        "127.0.0.1", ports["storePort"], is_master=False, timeout=__import__("datetime").timedelta(seconds=10)
+    )
+    client.set("k", "v")
+    assert client.get("k") == b"v"
+
+
+def test_coordinator_without_token_refuses_to_start(procs):
+    p = procs.start(
+        [
+            __import__("sys").executable,
+            "-m",
+            "ftjob_trainer.coordinator",
+            "--store-port",
+            "0",
+            "--control-port",
+            "0",
+        ],
+        name="notoken",
+        env={"FTJOB_TOKEN": ""},
+    )
+    assert finish(p, 60) == 2 and "FTJOB_TOKEN" in log_of(p)
+
+
+def test_checkpoint_request_saves_on_all_ranks_and_training_continues(procs, tmp_path):
+    _, ports = start_coordinator(procs, TOKEN)
+    base = f"http://127.0.0.1:{ports['controlPort']}"
+    report, ckpt = tmp_path / "r.json", tmp_path / "ckpt"
+    args = [
+        *TINY,
+        "--steps",
+        "80",
+        "--checkpoint-dir",
+        str(ckpt),
+        "--keep-last",
+        "5",
+        "--report",
+        str(report),
+        "--poll-interval",
+        "0.1",
+        "--progress-every",
+        "1",
+    ]
+    p = procs.torchrun(
+        args,
+        name="train",
+        env={
+            "FTJOB_COORDINATOR_URL": base,
+            "FTJOB_TOKEN": TOKEN,
+            "FTJOB_TERMINATION_LOG": str(tmp_path / "term"),
+        },
+    )
+    wait_for(lambda: report_step(report) >= 3, timeout=120, proc=p, what="step 3")
+    assert http("POST", base + "/v1/checkpoint", TOKEN, {"reason": "test"}) == (200, {"id": 1})
+    saved = wait_for(lambda: list_steps(ckpt), timeout=60, proc=p, what="the requested checkpoint")
+    assert finish(p) == 0, log_of(p)[-3000:]  # a request saves and goes on; only signals stop
+    doc = read_json(report)
+    assert doc["step"] == 80 and doc["preemption_saves"] == 0
+    assert saved[0] < 80 and list_steps(ckpt) == [saved[0], 80]  # the request's save and the final one
+    code, progress = http("GET", base + "/v1/progress", TOKEN)
+    assert progress["handledRequestId"] == 1 and progress["step"] == 80 and progress["worldSize"] == 2
+    assert progress["lastCheckpoint"]["step"] == 80 and progress["loss"] == pytest.approx(doc["loss"])
