@@ -47,7 +47,7 @@ def json_patch(target: Any, operations: Any) -> Any:
                           '[{"op": "replace", "path": "/spec/replicas", "value": 3}]')
     try:
         return jsonpatch.JsonPatch(operations).apply(copy.deepcopy(target))
-    except jsonpatch.JsonPatchConflict as e:
+    except (jsonpatch.JsonPatchConflict, jsonpatch.JsonPatchTestFailed) as e:
         raise ApiError(422, "Invalid", f"the server rejected our request due to an error in our request: {e}") from e
     except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, TypeError, KeyError) as e:
         raise bad_request(f"invalid JSON patch: {e}") from e

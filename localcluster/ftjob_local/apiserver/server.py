@@ -272,7 +272,11 @@ class ApiServer:
             if method == "GET":
                 if watch:  # legacy watch of one object
                     return await self.watch(request, rt, version, ns or None, name)
-                return _json(self.out(rt, version, self.get(rt, ns, name)))
+                obj = self.out(rt, version, self.get(rt, ns, name))
+                if "as=Table" in request.headers.get("Accept", ""):
+                    return _json(tables.to_table(rt, version, [obj], obj["metadata"]["resourceVersion"],
+                                                 params.get("includeObject", "Metadata")))
+                return _json(obj)
             if method == "PUT":
                 body = await self._body(request)
                 obj = self.update(rt, version, ns, name, body, params)
@@ -536,11 +540,6 @@ class ApiServer:
                 raise invalid(rt.kind, rt.group, "", [FieldError("metadata.name", "Required value: name or "
                                                                  "generateName is required", "FieldValueRequired")])
         name = meta["name"]
-        errors = _name_errors(rt, name)
-        if errors:
-            raise invalid(rt.kind, rt.group, name, errors)
-        if self.store.get(rt.key, ns if rt.namespaced else "", name) is not None:
-            raise already_exists(rt.plural, rt.group, name)
         obj["apiVersion"] = rt.api_version(version)
         obj["kind"] = rt.kind
         for k in ("deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion", "selfLink"):
@@ -550,7 +549,17 @@ class ApiServer:
         meta["generation"] = 1
         if rt.has_status(version) and rt.key not in (("", "nodes"), POD_KEY, NS_KEY):
             obj.pop("status", None)
-        self._admit(rt, version, obj, None, params)
+        errors = _name_errors(rt, name)
+        try:
+            self._admit(rt, version, obj, None, params)
+        except ApiError as e:
+            if e.reason != "Invalid" or not errors:
+                raise
+            errors += [FieldError(c["field"], c["message"], c["reason"]) for c in (e.details or {})["causes"]]
+        if errors:
+            raise invalid(rt.kind, rt.group, name, errors)
+        if self.store.get(rt.key, ns if rt.namespaced else "", name) is not None:
+            raise already_exists(rt.plural, rt.group, name)
         if _dry_run(params):
             meta["resourceVersion"] = str(self.store.rv)
             return obj

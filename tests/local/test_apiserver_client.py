@@ -1,0 +1,421 @@
+"""The embedded API server against the official `kubernetes` Python client: CRUD, watch, conflicts, the three
+patch types, graceful deletion, finalizers, garbage collection, subresources, custom resources, persistence."""
+
+from __future__ import annotations
+
+import copy
+import os
+import threading
+import time
+
+import pytest
+from ftjob_local.apiserver import start_in_thread
+from ftjob_local.apiserver import server as server_mod
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
+
+NS = "default"
+
+WIDGET_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "widgets.test.ftjob.dev"},
+    "spec": {
+        "group": "test.ftjob.dev",
+        "scope": "Namespaced",
+        "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "shortNames": ["wd"]},
+        "versions": [{
+            "name": "v1", "served": True, "storage": True,
+            "subresources": {"status": {}, "scale": {"specReplicasPath": ".spec.replicas",
+                                                     "statusReplicasPath": ".status.replicas"}},
+            "schema": {"openAPIV3Schema": {
+                "type": "object",
+                "properties": {
+                    "spec": {
+                        "type": "object", "required": ["image"],
+                        "x-kubernetes-validations": [{"rule": "self.minReplicas <= self.replicas",
+                                                      "message": "minReplicas must not exceed replicas"}],
+                        "properties": {
+                            "image": {"type": "string", "minLength": 1},
+                            "replicas": {"type": "integer", "minimum": 0, "maximum": 10, "default": 1},
+                            "minReplicas": {"type": "integer", "minimum": 0, "default": 0},
+                            "mode": {"type": "string", "enum": ["fast", "slow"], "default": "fast"},
+                        },
+                    },
+                    "status": {"type": "object", "properties": {"replicas": {"type": "integer"},
+                                                                 "phase": {"type": "string"}}},
+                },
+            }},
+        }],
+    },
+}
+
+
+def wait_for(check, timeout=10.0, interval=0.02, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture()
+def server(tmp_path):
+    handle = start_in_thread(str(tmp_path / "state"))
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+def api_client(url: str) -> client.ApiClient:
+    cfg = client.Configuration()
+    cfg.host = url
+    return client.ApiClient(cfg)
+
+
+@pytest.fixture()
+def api(server):
+    with api_client(server.url) as c:
+        yield c
+
+
+def pod_body(name: str, labels: dict | None = None, **spec) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels or {}},
+            "spec": {"containers": [{"name": "main", "image": "python:3.12", "command": ["true"]}], **spec}}
+
+
+def status_of(exc: ApiException) -> tuple[int, str]:
+    import json
+    return exc.status, json.loads(exc.body)["reason"]
+
+
+def test_starts_with_default_namespaces_and_service_accounts(api):
+    core = client.CoreV1Api(api)
+    names = {n.metadata.name for n in core.list_namespace().items}
+    assert {"default", "kube-system"} <= names
+    assert core.read_namespaced_service_account("default", "kube-system").metadata.name == "default"
+
+
+def test_pod_crud_selectors_conflict_and_errors(api):
+    core = client.CoreV1Api(api)
+    created = core.create_namespaced_pod(NS, pod_body("a", {"app": "x", "tier": "web"}))
+    assert created.metadata.uid and created.metadata.generation == 1 and created.status.phase == "Pending"
+    core.create_namespaced_pod(NS, pod_body("b", {"app": "y"}))
+    core.create_namespaced_pod(NS, pod_body("c", {"app": "z"}, nodeName="n1"))
+    names = lambda **kw: sorted(p.metadata.name for p in core.list_namespaced_pod(NS, **kw).items)  # noqa: E731
+    assert names(label_selector="app=x") == ["a"]
+    assert names(label_selector="app!=x") == ["b", "c"]
+    assert names(label_selector="app in (x,y)") == ["a", "b"]
+    assert names(label_selector="app notin (x,y)") == ["c"]
+    assert names(label_selector="tier") == ["a"]
+    assert names(label_selector="!tier") == ["b", "c"]
+    assert names(field_selector="metadata.name=b") == ["b"]
+    assert names(field_selector="spec.nodeName=n1") == ["c"]
+    assert names(field_selector="status.phase=Pending,metadata.name!=a") == ["b", "c"]
+
+    with pytest.raises(ApiException) as e:
+        core.create_namespaced_pod(NS, pod_body("a"))
+    assert status_of(e.value) == (409, "AlreadyExists")
+    with pytest.raises(ApiException) as e:
+        core.read_namespaced_pod("nope", NS)
+    assert status_of(e.value) == (404, "NotFound")
+    with pytest.raises(ApiException) as e:
+        core.create_namespaced_pod("no-such-ns", pod_body("a"))
+    assert status_of(e.value) == (404, "NotFound")
+
+    stale = core.read_namespaced_pod("a", NS)
+    fresh = copy.deepcopy(stale)
+    fresh.metadata.labels["v"] = "2"
+    updated = core.replace_namespaced_pod("a", NS, fresh)
+    assert int(updated.metadata.resource_version) > int(stale.metadata.resource_version)
+    stale.metadata.labels["v"] = "3"
+    with pytest.raises(ApiException) as e:
+        core.replace_namespaced_pod("a", NS, stale)
+    assert status_of(e.value) == (409, "Conflict")
+    assert "the object has been modified" in e.value.body
+
+    generated = core.create_namespaced_config_map(NS, {"metadata": {"generateName": "gen-"}, "data": {"k": "v"}})
+    assert generated.metadata.name.startswith("gen-") and len(generated.metadata.name) == 9
+
+
+def test_invalid_objects_are_refused_with_causes(api):
+    import json
+    core = client.CoreV1Api(api)
+    with pytest.raises(ApiException) as e:
+        core.create_namespaced_pod(NS, {"metadata": {"name": "Bad_Name"}, "spec": {"containers": [{"name": "m"}]}})
+    body = json.loads(e.value.body)
+    assert e.value.status == 422 and body["reason"] == "Invalid"
+    fields = {c["field"] for c in body["details"]["causes"]}
+    assert fields == {"metadata.name", "spec.containers[0].image"}
+    assert core.list_namespaced_pod(NS).items == []
+
+
+def test_patch_types(api):
+    core = client.CoreV1Api(api)
+    core.create_namespaced_pod(NS, pod_body("p", {"a": "1"}))
+    # strategic merge: containers merge by name, env by name
+    core.patch_namespaced_pod("p", NS, {"spec": {"containers": [{"name": "main", "env": [{"name": "X", "value": "1"}]}]}})
+    pod = core.read_namespaced_pod("p", NS)
+    assert pod.spec.containers[0].image == "python:3.12" and pod.spec.containers[0].env[0].name == "X"
+    # JSON merge patch: null removes
+    core.patch_namespaced_pod("p", NS, {"metadata": {"labels": {"a": None, "b": "2"}}},
+                              _content_type="application/merge-patch+json")
+    assert core.read_namespaced_pod("p", NS).metadata.labels == {"b": "2"}
+    # JSON patch (the client picks json-patch for a list body)
+    core.patch_namespaced_pod("p", NS, [{"op": "add", "path": "/metadata/annotations", "value": {"n": "1"}}])
+    assert core.read_namespaced_pod("p", NS).metadata.annotations == {"n": "1"}
+    with pytest.raises(ApiException) as e:
+        core.patch_namespaced_pod("p", NS, [{"op": "test", "path": "/metadata/name", "value": "other"}])
+    assert e.value.status == 422
+
+
+def test_watch_from_resource_version_selectors_and_bookmarks(api, monkeypatch):
+    monkeypatch.setattr(server_mod, "BOOKMARK_EVERY_S", 0.2)
+    core = client.CoreV1Api(api)
+    core.create_namespaced_config_map(NS, {"metadata": {"name": "before", "labels": {"w": "1"}}})
+    rv = core.list_namespaced_config_map(NS).metadata.resource_version
+    seen: list[tuple[str, str]] = []
+    w = watch.Watch()
+
+    def run():
+        for ev in w.stream(core.list_namespaced_config_map, NS, label_selector="w=1", resource_version=rv,
+                           timeout_seconds=10, allow_watch_bookmarks=True):
+            if ev["type"] == "BOOKMARK":
+                seen.append(("BOOKMARK", ""))
+                continue
+            seen.append((ev["type"], ev["object"].metadata.name))
+            if seen.count(("DELETED", "m")) == 2:  # the second: the real deletion
+                w.stop()
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        core.create_namespaced_config_map(NS, {"metadata": {"name": "m", "labels": {"w": "1"}}})
+        core.create_namespaced_config_map(NS, {"metadata": {"name": "other"}})
+        core.patch_namespaced_config_map("m", NS, {"data": {"k": "v"}})
+        core.patch_namespaced_config_map("m", NS, {"metadata": {"labels": {"w": "2"}}})  # leaves the selector
+        core.patch_namespaced_config_map("m", NS, {"metadata": {"labels": {"w": "1"}}})  # comes back
+        wait_for(lambda: ("BOOKMARK", "") in seen, what="a bookmark")
+        core.delete_namespaced_config_map("m", NS)
+    finally:
+        t.join(timeout=15)
+    events = [e for e in seen if e[0] != "BOOKMARK"]
+    assert events == [("ADDED", "m"), ("MODIFIED", "m"), ("DELETED", "m"), ("ADDED", "m"), ("DELETED", "m")]
+
+
+def test_watch_without_resource_version_lists_existing_first(api):
+    core = client.CoreV1Api(api)
+    core.create_namespaced_config_map(NS, {"metadata": {"name": "x1"}})
+    w = watch.Watch()
+    for ev in w.stream(core.list_namespaced_config_map, NS, timeout_seconds=5):
+        assert (ev["type"], ev["object"].metadata.name) == ("ADDED", "x1")
+        w.stop()
+
+
+def bound_pod(core, name: str, **kw) -> None:
+    core.create_namespaced_pod(NS, pod_body(name, **kw))
+    core.create_namespaced_binding(NS, {"metadata": {"name": name}, "target": {"kind": "Node", "name": "n1"}},
+                                   _preload_content=False)
+
+
+def test_graceful_pod_deletion(api):
+    core = client.CoreV1Api(api)
+    core.create_namespaced_pod(NS, pod_body("unbound"))
+    core.delete_namespaced_pod("unbound", NS)
+    assert not core.list_namespaced_pod(NS).items  # never scheduled: gone at once
+
+    bound_pod(core, "bound", terminationGracePeriodSeconds=20)
+    assert core.read_namespaced_pod("bound", NS).spec.node_name == "n1"
+    core.delete_namespaced_pod("bound", NS)
+    pod = core.read_namespaced_pod("bound", NS)
+    assert pod.metadata.deletion_timestamp is not None and pod.metadata.deletion_grace_period_seconds == 20
+    core.delete_namespaced_pod("bound", NS, grace_period_seconds=0)  # what the kubelet does when it is done
+    assert not core.list_namespaced_pod(NS).items
+
+
+def test_eviction_marks_disruption_target_and_respects_pdb(api):
+    core = client.CoreV1Api(api)
+    policy = client.PolicyV1Api(api)
+    for n in ("e1", "e2"):
+        bound_pod(core, n, labels={"app": "e"})
+        core.patch_namespaced_pod_status(n, NS, {"status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+    policy.create_namespaced_pod_disruption_budget(NS, {"metadata": {"name": "pdb"}, "spec": {
+        "minAvailable": 2, "selector": {"matchLabels": {"app": "e"}}}})
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "e1", "namespace": NS}}
+    with pytest.raises(ApiException) as e:
+        core.create_namespaced_pod_eviction("e1", NS, eviction)
+    assert e.value.status == 429
+    policy.delete_namespaced_pod_disruption_budget("pdb", NS)
+    core.create_namespaced_pod_eviction("e1", NS, eviction)
+    pod = core.read_namespaced_pod("e1", NS)
+    assert pod.metadata.deletion_timestamp is not None
+    cond = next(c for c in pod.status.conditions if c.type == "DisruptionTarget")
+    assert cond.reason == "EvictionByEvictionAPI"
+
+
+def test_finalizers_hold_deletion(api):
+    core = client.CoreV1Api(api)
+    core.create_namespaced_config_map(NS, {"metadata": {"name": "f", "finalizers": ["test/hold"]}})
+    core.delete_namespaced_config_map("f", NS)
+    held = core.read_namespaced_config_map("f", NS)
+    assert held.metadata.deletion_timestamp is not None
+    with pytest.raises(ApiException) as e:
+        core.patch_namespaced_config_map("f", NS, {"metadata": {"finalizers": ["test/hold", "test/more"]}})
+    assert e.value.status == 403
+    core.patch_namespaced_config_map("f", NS, [{"op": "remove", "path": "/metadata/finalizers"}])
+    assert not core.list_namespaced_config_map(NS).items
+
+
+def owned(name: str, owner) -> dict:
+    return {"metadata": {"name": name, "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap",
+                                                            "name": owner.metadata.name, "uid": owner.metadata.uid,
+                                                            "blockOwnerDeletion": True}]}}
+
+
+def test_garbage_collection_background_foreground_orphan(api):
+    core = client.CoreV1Api(api)
+    names = lambda: sorted(c.metadata.name for c in core.list_namespaced_config_map(NS).items)  # noqa: E731
+    owner = core.create_namespaced_config_map(NS, {"metadata": {"name": "owner"}})
+    core.create_namespaced_config_map(NS, owned("dep", owner))
+    core.delete_namespaced_config_map("owner", NS)  # background (default)
+    assert names() == []
+
+    owner = core.create_namespaced_config_map(NS, {"metadata": {"name": "owner"}})
+    core.create_namespaced_config_map(NS, owned("dep", owner))
+    core.delete_namespaced_config_map("owner", NS, propagation_policy="Orphan")
+    assert names() == ["dep"] and not core.read_namespaced_config_map("dep", NS).metadata.owner_references
+    core.delete_namespaced_config_map("dep", NS)
+
+    # Foreground: the owner waits (deletionTimestamp + foregroundDeletion) until its dependents are gone.
+    owner = core.create_namespaced_config_map(NS, {"metadata": {"name": "owner"}})
+    pod = pod_body("dep-pod")
+    pod["metadata"].update(owned("dep-pod", owner)["metadata"])
+    core.create_namespaced_pod(NS, pod)
+    core.create_namespaced_binding(NS, {"metadata": {"name": "dep-pod"}, "target": {"kind": "Node", "name": "n1"}},
+                                   _preload_content=False)
+    core.delete_namespaced_config_map("owner", NS, propagation_policy="Foreground")
+    waiting = core.read_namespaced_config_map("owner", NS)
+    assert "foregroundDeletion" in waiting.metadata.finalizers and waiting.metadata.deletion_timestamp
+    assert core.read_namespaced_pod("dep-pod", NS).metadata.deletion_timestamp is not None
+    core.delete_namespaced_pod("dep-pod", NS, grace_period_seconds=0)
+    assert names() == []
+
+
+def test_namespace_deletion_removes_contents(api):
+    core = client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": "tmp"}})
+    core.create_namespaced_config_map("tmp", {"metadata": {"name": "c"}})
+    core.delete_namespace("tmp")
+    wait_for(lambda: "tmp" not in {n.metadata.name for n in core.list_namespace().items}, what="namespace gone")
+    with pytest.raises(ApiException):
+        core.read_namespaced_config_map("c", "tmp")
+
+
+def test_services_get_cluster_ips_from_the_local_range(api):
+    core = client.CoreV1Api(api)
+    ips = set()
+    for n in ("s1", "s2"):
+        svc = core.create_namespaced_service(NS, {"metadata": {"name": n}, "spec": {"ports": [{"port": 29400}]}})
+        assert svc.spec.cluster_ip.startswith("127.96.") and svc.spec.ports[0].target_port == 29400
+        ips.add(svc.spec.cluster_ip)
+    assert len(ips) == 2
+    updated = core.patch_namespaced_service("s1", NS, {"metadata": {"labels": {"x": "y"}}})
+    assert updated.spec.cluster_ip in ips
+
+
+def test_secrets_string_data(api):
+    core = client.CoreV1Api(api)
+    s = core.create_namespaced_secret(NS, {"metadata": {"name": "s"}, "stringData": {"token": "abc"}})
+    assert s.data == {"token": "YWJj"} and s.type == "Opaque"
+
+
+def test_custom_resources_schema_status_scale_and_generation(api):
+    ext = client.ApiextensionsV1Api(api)
+    ext.create_custom_resource_definition(WIDGET_CRD)
+    crd = ext.read_custom_resource_definition("widgets.test.ftjob.dev")
+    assert {c.type: c.status for c in crd.status.conditions}["Established"] == "True"
+    co = client.CustomObjectsApi(api)
+    args = ("test.ftjob.dev", "v1", NS, "widgets")
+    w = co.create_namespaced_custom_object(*args, {"apiVersion": "test.ftjob.dev/v1", "kind": "Widget",
+                                                   "metadata": {"name": "w"}, "spec": {"image": "i", "extra": 1},
+                                                   "status": {"phase": "ignored"}})
+    assert w["spec"] == {"image": "i", "replicas": 1, "minReplicas": 0, "mode": "fast"}  # pruned + defaulted
+    assert "status" not in w and w["metadata"]["generation"] == 1
+    with pytest.raises(ApiException) as e:
+        co.create_namespaced_custom_object(*args, {"apiVersion": "test.ftjob.dev/v1", "kind": "Widget",
+                                                   "metadata": {"name": "bad"},
+                                                   "spec": {"replicas": 3, "minReplicas": 5}})
+    assert e.value.status == 422
+    assert "spec.image: Required value" in e.value.body and "minReplicas must not exceed replicas" in e.value.body
+
+    s = co.patch_namespaced_custom_object_status(*args, "w", {"status": {"phase": "Running", "replicas": 1}})
+    assert s["status"]["phase"] == "Running" and s["metadata"]["generation"] == 1
+    w = co.patch_namespaced_custom_object(*args, "w", {"status": {"phase": "ignored"}, "spec": {"mode": "slow"}})
+    assert w["status"]["phase"] == "Running" and w["metadata"]["generation"] == 2
+
+    scale = co.get_namespaced_custom_object_scale(*args, "w")
+    assert scale["kind"] == "Scale" and scale["spec"]["replicas"] == 1 and scale["status"]["replicas"] == 1
+    co.patch_namespaced_custom_object_scale(*args, "w", {"spec": {"replicas": 4}})
+    w = co.get_namespaced_custom_object(*args, "w")
+    assert w["spec"]["replicas"] == 4 and w["metadata"]["generation"] == 3
+
+    # Deleting the CRD removes its objects and stops serving them.
+    ext.delete_custom_resource_definition("widgets.test.ftjob.dev")
+    with pytest.raises(ApiException) as e:
+        co.list_namespaced_custom_object(*args)
+    assert e.value.status == 404
+
+
+def test_pod_logs_read_and_follow(server, api):
+    core = client.CoreV1Api(api)
+    bound_pod(core, "logger")
+    log_dir = server.server.logs_dir(NS, "logger")
+    os.makedirs(log_dir)
+    path = os.path.join(log_dir, "main.log")
+    with open(path, "w") as f:
+        f.write("one\ntwo\nthree\n")
+    assert core.read_namespaced_pod_log("logger", NS) == "one\ntwo\nthree\n"
+    assert core.read_namespaced_pod_log("logger", NS, tail_lines=1) == "three\n"
+
+    resp = core.read_namespaced_pod_log("logger", NS, follow=True, _preload_content=False)
+    with open(path, "a") as f:
+        f.write("four\n")
+    core.patch_namespaced_pod_status("logger", NS, {"status": {"phase": "Succeeded"}})
+    assert resp.data.decode() == "one\ntwo\nthree\nfour\n"  # the stream ends when the container has ended
+
+
+def test_state_survives_restart_and_old_watch_gets_410(tmp_path):
+    state = str(tmp_path / "state")
+    first = start_in_thread(state)
+    try:
+        with api_client(first.url) as c:
+            core = client.CoreV1Api(c)
+            client.ApiextensionsV1Api(c).create_custom_resource_definition(WIDGET_CRD)
+            client.CustomObjectsApi(c).create_namespaced_custom_object(
+                "test.ftjob.dev", "v1", NS, "widgets", {"apiVersion": "test.ftjob.dev/v1", "kind": "Widget",
+                                                        "metadata": {"name": "keep"}, "spec": {"image": "i"}})
+            cm = core.create_namespaced_config_map(NS, {"metadata": {"name": "keep"}, "data": {"a": "b"}})
+            old_rv = cm.metadata.resource_version
+            core.patch_namespaced_config_map("keep", NS, {"data": {"a": "c"}})
+    finally:
+        first.stop()
+    second = start_in_thread(state)
+    try:
+        with api_client(second.url) as c:
+            core = client.CoreV1Api(c)
+            kept = core.read_namespaced_config_map("keep", NS)
+            assert kept.data == {"a": "c"} and int(kept.metadata.resource_version) > int(old_rv)
+            w = client.CustomObjectsApi(c).get_namespaced_custom_object("test.ftjob.dev", "v1", NS, "widgets", "keep")
+            assert w["spec"]["replicas"] == 1
+            fresh = core.create_namespaced_config_map(NS, {"metadata": {"name": "new"}})
+            assert int(fresh.metadata.resource_version) > int(kept.metadata.resource_version)
+            with pytest.raises(ApiException) as e:  # history before the restart is gone: the client must relist
+                for _ in watch.Watch().stream(core.list_namespaced_config_map, NS, resource_version=old_rv,
+                                              timeout_seconds=5):
+                    pass
+            assert e.value.status == 410
+    finally:
+        second.stop()
