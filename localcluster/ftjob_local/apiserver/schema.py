@@ -150,7 +150,8 @@ class Validator:
         self.errors: list[FieldError] = []
 
     def err(self, path: str, message: str, reason: str = "FieldValueInvalid") -> None:
-        self.errors.append(FieldError(path, message, reason))
+        # The root has no field path; the real server prints it as "<nil>", and so does kubectl.
+        self.errors.append(FieldError(path or "<nil>", message, reason))
 
     def validate(self, value: Any, old: Any, schema: dict[str, Any], path: str, root: bool = False) -> None:
         label = path or "body"

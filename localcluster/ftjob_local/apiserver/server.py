@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from . import openapi, tables
+from . import openapi, protobuf, tables
 from .errors import (
     ApiError,
     FieldError,
@@ -150,7 +150,7 @@ class ApiServer:
             return {}
         ctype = request.content_type
         if "protobuf" in ctype:
-            raise ApiError(415, "UnsupportedMediaType", "protobuf bodies are not supported; send JSON")
+            return protobuf.decode(raw)
         if "yaml" in ctype:
             return yaml.safe_load(raw.decode())
         return json.loads(raw)
