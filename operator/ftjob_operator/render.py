@@ -237,7 +237,12 @@ def _pod_common(spec: api.TrainingJobSpec) -> dict[str, Any]:
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "enableServiceLinks": False,  # Service env of the whole namespace is noise for a trainer
-        "securityContext": dict(template.pod_security_context or DEFAULT_POD_SECURITY_CONTEXT),
+        # An explicit {} in the template means "no pod security context", not "the default".
+        "securityContext": dict(
+            DEFAULT_POD_SECURITY_CONTEXT
+            if template.pod_security_context is None
+            else template.pod_security_context
+        ),
     }
     if template.service_account_name:
         pod_spec["serviceAccountName"] = template.service_account_name
@@ -247,7 +252,8 @@ def _pod_common(spec: api.TrainingJobSpec) -> dict[str, Any]:
 
 
 def _container_security(spec: api.TrainingJobSpec) -> dict[str, Any]:
-    return dict(spec.pod_template.security_context or DEFAULT_CONTAINER_SECURITY_CONTEXT)
+    sc = spec.pod_template.security_context
+    return dict(DEFAULT_CONTAINER_SECURITY_CONTEXT if sc is None else sc)
 
 
 def _pod_labels_with_template(spec: api.TrainingJobSpec, labels: dict[str, str]) -> dict[str, str]:

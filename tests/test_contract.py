@@ -1,0 +1,67 @@
+"""Pins trainer_image/ftjob_trainer/contract.py: the operator and the trainer both depend on these values."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from ftjob_trainer import contract
+
+
+def test_exit_codes():
+    assert (contract.EXIT_DONE, contract.EXIT_ERROR, contract.EXIT_CONFIG_ERROR, contract.EXIT_RESTART) == (
+        0,
+        1,
+        2,
+        75,
+    )
+
+
+def test_ports():
+    assert (contract.RDZV_PORT, contract.CONTROL_PORT) == (29400, 29401)
+
+
+def test_environment_names():
+    assert {
+        "token": contract.ENV_TOKEN,
+        "url": contract.ENV_COORDINATOR_URL,
+        "deadline": contract.ENV_SAVE_DEADLINE,
+        "log": contract.ENV_TERMINATION_LOG,
+        "job": contract.ENV_JOB_NAME,
+        "ns": contract.ENV_NAMESPACE,
+        "prefix": contract.ENV_FLAG_PREFIX,
+    } == {
+        "token": "FTJOB_TOKEN",
+        "url": "FTJOB_COORDINATOR_URL",
+        "deadline": "FTJOB_SAVE_DEADLINE_SECONDS",
+        "log": "FTJOB_TERMINATION_LOG",
+        "job": "FTJOB_JOB_NAME",
+        "ns": "FTJOB_NAMESPACE",
+        "prefix": "FTJOB_",
+    }
+    assert contract.DEFAULT_TERMINATION_LOG == "/dev/termination-log"
+
+
+def test_http_api():
+    assert contract.AUTH_HEADER == "Authorization"
+    assert (contract.ROUTE_HEALTH, contract.ROUTE_PROGRESS, contract.ROUTE_CHECKPOINT) == (
+        "/healthz",
+        "/v1/progress",
+        "/v1/checkpoint",
+    )
+
+
+def test_termination_reasons():
+    assert (
+        contract.REASON_PREEMPTED,
+        contract.REASON_PEER,
+        contract.REASON_DEADLINE,
+        contract.REASON_DONE,
+        contract.REASON_ERROR,
+    ) == ("preempted", "peer-stopped", "save-skipped-deadline", "done", "error")
+
+
+def test_contract_imports_no_torch():
+    # The operator image has no torch: importing the contract (and the package) must not pull it in.
+    code = "import sys, ftjob_trainer.contract; sys.exit(1 if 'torch' in sys.modules else 0)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
