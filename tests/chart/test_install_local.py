@@ -1,0 +1,122 @@
+"""`helm install` of the chart into the embedded local cluster, as a user would: CRDs, RBAC, Deployment, upgrade to
+HA + namespaced RBAC + NetworkPolicy, uninstall, and bad values refused by `helm install` itself.
+
+Not covered yet (needs the operator's kopf handlers and RBAC enforcement in the local API server): the operator
+running under the chart's ServiceAccount until a TrainingJob succeeds, and failing when a verb is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from chart_pod_security import restricted_violations
+from conftest import CHART, ROOT, set_args, tool
+
+pytestmark = pytest.mark.slow
+RELEASE, NS = "ftjob", "ftjob-system"
+
+
+@pytest.fixture(scope="module")
+def kube_env(tmp_path_factory):
+    pytest.importorskip("ftjob_local.cli", reason="the local cluster (ftjob_local) is not installed here")
+    state = tmp_path_factory.mktemp("local-cluster")
+    ftjob = [sys.executable, "-m", "ftjob_operator.cli", "local"]
+    up = subprocess.run(
+        [*ftjob, "up", "--state-dir", str(state), "--no-operator", "--nodes", "1", "--spot-nodes", "0"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+    )
+    try:
+        assert up.returncode == 0, f"ftjob local up failed:\n{up.stdout}\n{up.stderr}"
+        yield {
+            **os.environ,
+            "KUBECONFIG": str(state / "kubeconfig"),
+            "HELM_CACHE_HOME": str(state / "helm-cache"),
+            "HELM_CONFIG_HOME": str(state / "helm-config"),
+            "HELM_DATA_HOME": str(state / "helm-data"),
+        }
+    finally:
+        subprocess.run(
+            [*ftjob, "down", "--state-dir", str(state)], capture_output=True, timeout=120, cwd=ROOT
+        )
+
+
+def run(env, binary: str, *args: str, check: bool = True, stdin: str | None = None):
+    proc = subprocess.run(
+        [tool(binary), *args], capture_output=True, text=True, env=env, timeout=180, input=stdin
+    )
+    if check:
+        assert proc.returncode == 0, f"{binary} {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def get(env, *args: str) -> dict:
+    return json.loads(run(env, "kubectl", "get", *args, "-o", "json").stdout)
+
+
+def names(env, kind: str, namespace: str | None = None) -> set[str]:
+    scope = ["-n", namespace] if namespace else []
+    return {i["metadata"]["name"] for i in get(env, kind, *scope)["items"]}
+
+
+def test_bad_values_are_refused_by_helm_install(kube_env, tmp_path):
+    bad = tmp_path / "values.yaml"
+    bad.write_text("replicaCount: two\n")
+    proc = run(
+        kube_env,
+        "helm",
+        "install",
+        RELEASE,
+        str(CHART),
+        "-n",
+        NS,
+        "--create-namespace",
+        "-f",
+        str(bad),
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert "replicaCount: Invalid type. Expected: integer, given: string" in proc.stderr
+    assert RELEASE not in run(kube_env, "helm", "list", "-n", NS, "-q").stdout.split()
+
+
+def test_install_upgrade_uninstall(kube_env):
+    run(kube_env, "helm", "install", RELEASE, str(CHART), "-n", NS, "--create-namespace")
+    assert "trainingjobs.ftjob.dev" in names(kube_env, "crd"), "helm installs crds/ first"
+    assert {RELEASE, f"{RELEASE}-cluster"} <= names(kube_env, "clusterrole")
+    deployment = get(kube_env, "deployment", RELEASE, "-n", NS)
+    assert restricted_violations(deployment["spec"]["template"]["spec"]) == [], "as stored by the API server"
+    assert RELEASE in names(kube_env, "serviceaccount", NS)
+
+    # Namespaced RBAC needs the namespaces to exist; the operator's Roles land in them.
+    manifest = "".join(
+        f"---\napiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}}}\n" for ns in ("team-a", "team-b")
+    )
+    run(kube_env, "kubectl", "apply", "-f", "-", stdin=manifest)
+    ha = {
+        "replicaCount": "2",
+        "peering.enabled": "true",
+        "rbac.namespaced": "true",
+        "networkPolicy.enabled": "true",
+        "watchNamespaces": "{team-a,team-b}",
+    }
+    run(kube_env, "helm", "upgrade", RELEASE, str(CHART), "-n", NS, *set_args(ha))
+    assert RELEASE not in names(kube_env, "clusterrole"), "the cluster-wide grant of pods/secrets is gone"
+    for ns in ("team-a", "team-b"):
+        assert RELEASE in names(kube_env, "role", ns) and RELEASE in names(kube_env, "rolebinding", ns)
+        assert f"{RELEASE}-coordinator" in names(kube_env, "networkpolicy", ns)
+    assert "kopfpeerings.kopf.dev" in names(kube_env, "crd")
+    assert get(kube_env, "deployment", RELEASE, "-n", NS)["spec"]["replicas"] == 2
+
+    run(kube_env, "helm", "uninstall", RELEASE, "-n", NS)
+    assert RELEASE not in names(kube_env, "deployment", NS)
+    assert not {RELEASE, f"{RELEASE}-cluster"} & names(kube_env, "clusterrole")
+    assert RELEASE not in names(kube_env, "role", "team-a")
+    # CRDs outlive the release: helm never deletes crds/, and the peering CRD is marked keep.
+    assert {"trainingjobs.ftjob.dev", "kopfpeerings.kopf.dev"} <= names(kube_env, "crd")
