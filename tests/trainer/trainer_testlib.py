@@ -43,6 +43,35 @@ def read_json(path: Path) -> dict | None:
         return None
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below pid (from /proc): torchrun starts its workers in sessions of their own, so a
+    process-group kill of the agent would orphan them."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
+    """Signal pid and all its descendants at once (they are this test's processes, found by id)."""
+    for target in [*descendants(pid), pid]:
+        try:
+            os.kill(target, sig)
+        except ProcessLookupError:
+            pass
+
+
 class Procs:
     """Every process a test starts, each in its own session, so cleanup can kill its whole tree by id."""
 
