@@ -545,6 +545,10 @@ class TrainingJobStatus(_Model):
         description="backoffUntil is when the pending failure restart may create pods.",
         json_schema_extra={"format": "date-time"},
     )
+    pod_template_hash: str | None = Field(
+        None,
+        description="podTemplateHash digests the spec the current pods were rendered from (a change restarts them).",
+    )
     handled_checkpoint_request: str | None = Field(
         None,
         description="handledCheckpointRequest is the ftjob.dev/checkpoint-request value already asked for.",

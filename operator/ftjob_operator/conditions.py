@@ -48,6 +48,7 @@ REASON_SPEC_VALID = "SpecValid"
 REASON_SCALED_UP = "ScaledUp"
 REASON_SCALED_DOWN = "ScaledDown"
 REASON_TTL_EXPIRED = "TTLExpired"
+REASON_SPEC_CHANGED = "SpecChanged"  # the pods' template changed: restart them (they checkpoint on SIGTERM)
 REASON_FINISHED = "Finished"  # Running/Restarting turned off because the job ended
 
 NORMAL = "Normal"

@@ -483,6 +483,8 @@ class _Planner:
         if self.spec.suspend:
             return self.suspend()
         self.resume_if_suspended()
+        if self.template_changed():
+            return self.result()
         if self.success():
             return self.result()
         if self.account_losses():
@@ -638,6 +640,27 @@ class _Planner:
             self.st.phase = None
             self.condition(cond.SUSPENDED, cond.FALSE, cond.REASON_RESUMED, "spec.suspend is false")
             self.event(cond.NORMAL, cond.REASON_RESUMED, "resuming from the latest checkpoint")
+
+    # step: an edited pod template (image, min/max, trainer settings, ...) restarts the pods
+    def template_changed(self) -> bool:
+        digest = render.template_hash(self.ref, self.spec)
+        before, self.st.pod_template_hash = self.st.pod_template_hash, digest
+        live = self.alive(render.ROLE_WORKER) + self.alive(render.ROLE_COORDINATOR)
+        if before is None or before == digest or not (live or self.st.pending_pods):
+            return False
+        # A new generation: the current pods are deleted next pass; SIGTERM makes the trainer checkpoint first.
+        self.st.restart_generation += 1
+        self.st.pending_pods, self.st.known_pods = [], []
+        self.st.phase = "Restarting"
+        message = (
+            f"the pod template changed (generation {self.generation}); restarting from the latest checkpoint"
+        )
+        self.condition(cond.RESTARTING, cond.TRUE, cond.REASON_SPEC_CHANGED, message)
+        self.clear(cond.RUNNING, cond.REASON_SPEC_CHANGED, "restarting with the new spec")
+        self.event(cond.NORMAL, cond.REASON_SPEC_CHANGED, message)
+        self.summarize()
+        self.requeue_in(FOLLOW_UP_SECONDS)
+        return True
 
     # step: success when workers exit 0 (torchrun exits 0 only after the last step)
     def success(self) -> bool:

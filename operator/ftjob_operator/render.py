@@ -5,6 +5,8 @@ The same manifests serve a real cluster and the local one. Nothing here does I/O
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -425,3 +427,15 @@ def render_worker_pod(
         "metadata": _meta(ref, worker_name(ref.name, index), labels, spec.pod_template.annotations),
         "spec": pod_spec,
     }
+
+
+def template_hash(ref: JobRef, spec: api.TrainingJobSpec) -> str:
+    """A digest of what running pods were rendered from; a change means the pods must be recreated.
+
+    Only what lands in the pods counts (not replicas, suspend, TTL or the failure policy); the per-pod parts
+    (name, index, generation, the coordinator's address) are held fixed.
+    """
+    worker = render_worker_pod(ref, spec, index=0, generation=0, coordinator_ip="0.0.0.0")
+    coordinator = render_coordinator_pod(ref, spec, index=0, generation=0)
+    parts = [worker["spec"], worker["metadata"], coordinator["spec"]]
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]

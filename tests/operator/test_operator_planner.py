@@ -107,6 +107,38 @@ def test_scale_up_adds_a_worker_with_a_new_name():
     assert pods_created(p) == ["tj-worker-2", "tj-worker-3"] and "ScaledUp" in reasons(p)
 
 
+@pytest.mark.parametrize(
+    "edit,restarts",
+    [
+        (lambda sp: sp["workers"].update(max=3), True),  # torchrun --nnodes changes
+        (lambda sp: sp.update(image="ftjob-trainer:v2"), True),
+        (lambda sp: sp.update(trainer={"steps": 500}), True),
+        (lambda sp: sp["workers"].update(replicas=1), False),  # scale is live
+        (lambda sp: sp.update(ttlSecondsAfterFinished=60), False),
+        (lambda sp: sp["failurePolicy"].update(maxFailures=9), False),
+    ],
+)
+def test_an_edited_pod_template_restarts_the_pods_without_counting_a_failure(edit, restarts):
+    store = started()
+    edit(store.job["spec"])
+    store.job["metadata"]["generation"] = 2
+    p = plan(store.observe(), NOW)
+    assert (p.status["restartGeneration"] == 1) == restarts
+    assert ("SpecChanged" in reasons(p)) == restarts
+    if restarts:
+        store.apply(p)
+        converge(store, at(1))
+        store.finish_terminating()
+        converge(store, at(2))
+        assert {planner.pod_generation(x) for x in store.pods.values()} == {1}
+        assert (store.status["failures"], store.status["preemptions"], store.status["phase"]) == (
+            0,
+            0,
+            "Running",
+        )
+        assert condition(store.status, "Restarting")["status"] == "False"
+
+
 # --- preemption ------------------------------------------------------------------------------------------------
 def _preempted_worker(variant: str) -> tuple[list[dict], list[dict]]:
     nodes = [node("node-a"), node("node-b")]

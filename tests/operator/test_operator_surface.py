@@ -99,6 +99,7 @@ def test_status_field_names_and_vocabularies():
         "restartGeneration",
         "nextPodIndex",
         "backoffUntil",
+        "podTemplateHash",
         "handledCheckpointRequest",
         "suspendRequestedAt",
         "coordinatorLostAt",
