@@ -120,3 +120,26 @@ def test_install_upgrade_uninstall(kube_env):
     assert RELEASE not in names(kube_env, "role", "team-a")
     # CRDs outlive the release: helm never deletes crds/, and the peering CRD is marked keep.
     assert {"trainingjobs.ftjob.dev", "kopfpeerings.kopf.dev"} <= names(kube_env, "crd")
+
+
+def test_plain_kubectl_apply_of_the_rendered_chart(kube_env, tmp_path):
+    """The README's path without helm in the cluster: crds/ then the rendered chart, with kubectl apply."""
+    run(kube_env, "kubectl", "apply", "-f", str(ROOT / "crds"))
+    run(
+        kube_env,
+        "kubectl",
+        "apply",
+        "-f",
+        "-",
+        stdin="apiVersion: v1\nkind: Namespace\nmetadata: {name: ftjob-plain}\n",
+    )
+    rendered = tmp_path / "ftjob.yaml"
+    rendered.write_text(run(kube_env, "helm", "template", "plain", str(CHART), "-n", "ftjob-plain").stdout)
+    run(kube_env, "kubectl", "apply", "-n", "ftjob-plain", "-f", str(rendered))
+    assert "plain-ftjob" in names(kube_env, "deployment", "ftjob-plain")
+    binding = get(kube_env, "clusterrolebinding", "plain-ftjob")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "plain-ftjob", "namespace": "ftjob-plain"}
+    ]
+    run(kube_env, "kubectl", "delete", "-n", "ftjob-plain", "-f", str(rendered))
+    assert "plain-ftjob" not in names(kube_env, "clusterrole")
