@@ -350,11 +350,11 @@ def spec_problems(name: str, spec: api.TrainingJobSpec) -> list[str]:
         n = vol.get("name")
         if not isinstance(n, str) or not n:
             problems.append(f"spec.podTemplate.volumes[{i}] needs a name")
-        elif n in render.RESERVED_VOLUMES or n in volume_names - render.RESERVED_VOLUMES:
-            problems.append(f"spec.podTemplate.volumes[{i}].name {n} is taken; rename it")
+        elif n in render.RESERVED_VOLUMES:
+            problems.append(f"spec.podTemplate.volumes[{i}].name {n} is taken by ftjob; rename it")
+        elif n in volume_names:
+            problems.append(f"spec.podTemplate.volumes[{i}].name {n} appears twice")
         else:
-            if n in volume_names:
-                problems.append(f"spec.podTemplate.volumes[{i}].name {n} appears twice")
             volume_names.add(n)
     for i, mount in enumerate(tpl.volume_mounts or []):
         if mount.get("name") not in volume_names:
@@ -382,7 +382,8 @@ def _validation_problems(exc: ValidationError) -> list[str]:
     out = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"])
-        out.append(f"spec.{loc}: {err['msg']}" if loc else f"spec: {err['msg']}")
+        msg = err["msg"].removeprefix("Value error, ")
+        out.append(f"spec.{loc}: {msg}" if loc else f"spec: {msg}")
     return out
 
 
@@ -450,17 +451,12 @@ class _Planner:
             if pod_role(p) == role and loss_of(p, self.nodes) is None and not pod_succeeded(p)
         ]
 
-    def delete_pod(self, pod: dict[str, Any], *, force_gone_node: bool = True) -> None:
-        if (pod.get("metadata") or {}).get("deletionTimestamp") and not self.nodes.gone(
-            pod.get("spec", {}).get("nodeName")
-        ):
-            return  # already terminating
-        if (pod.get("metadata") or {}).get("deletionTimestamp") and (pod.get("metadata") or {}).get(
-            "deletionGracePeriodSeconds"
-        ) == 0:
-            return
-        grace = 0 if force_gone_node and self.nodes.gone((pod.get("spec") or {}).get("nodeName")) else None
-        self.actions.append(Delete("Pod", pod_name(pod), grace))
+    def delete_pod(self, pod: dict[str, Any]) -> None:
+        meta = pod.get("metadata") or {}
+        node_gone = self.nodes.gone((pod.get("spec") or {}).get("nodeName"))
+        if meta.get("deletionTimestamp") and (not node_gone or meta.get("deletionGracePeriodSeconds") == 0):
+            return  # already terminating (a pod on a vanished node never finishes: force it)
+        self.actions.append(Delete("Pod", pod_name(pod), 0 if node_gone else None))
 
     def delete_old_generation(self) -> None:
         # Older generations are accounted for by the persisted restartGeneration: safe to delete.
@@ -955,6 +951,11 @@ class _Planner:
 
     # step: counts, Running/Preempted conditions, phase, bookkeeping
     def summarize(self) -> None:
+        if self.st.restart_generation != self.prev.restart_generation:
+            # This pass retired the whole generation: nothing of it counts any more.
+            self.st.workers = api.WorkersStatus(desired=self.st.workers.desired, active=0, ready=0)
+            self.st.known_pods = []
+            return
         retired = set(self.st.retired_pods)
         workers = [p for p in self.alive(render.ROLE_WORKER) if pod_name(p) not in retired]
         coordinators = self.alive(render.ROLE_COORDINATOR)

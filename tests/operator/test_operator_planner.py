@@ -126,6 +126,8 @@ def test_an_edited_pod_template_restarts_the_pods_without_counting_a_failure(edi
     assert (p.status["restartGeneration"] == 1) == restarts
     assert ("SpecChanged" in reasons(p)) == restarts
     if restarts:
+        assert p.status["phase"] == "Restarting" and condition(p.status, "Restarting")["status"] == "True"
+        assert condition(p.status, "Running")["status"] == "False" and p.status["workers"]["active"] == 0
         store.apply(p)
         converge(store, at(1))
         store.finish_terminating()
