@@ -9,8 +9,8 @@ import threading
 import time
 
 import pytest
-from ftjob_local.apiserver import start_in_thread
 from ftjob_local.apiserver import server as server_mod
+from ftjob_local.apiserver import start_in_thread
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 

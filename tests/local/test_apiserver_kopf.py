@@ -1,0 +1,100 @@
+"""kopf (the operator framework ftjob uses) against the embedded API server: discovery of a CRD, watching, status
+patches through the status subresource, events, and finalizers on deletion."""
+
+from __future__ import annotations
+
+import textwrap
+import time
+
+import pytest
+from ftjob_local.apiserver import start_in_thread
+from kopf.testing import KopfRunner
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from test_apiserver_client import WIDGET_CRD
+
+pytestmark = pytest.mark.slow
+ARGS = ("test.ftjob.dev", "v1", "default", "widgets")
+
+OPERATOR = textwrap.dedent("""\
+    import os
+    import kopf
+
+    @kopf.on.login()
+    def login(**_):
+        return kopf.ConnectionInfo(server=os.environ["FTJOB_TEST_APISERVER"], insecure=True)
+
+    @kopf.on.startup()
+    def tune(settings: kopf.OperatorSettings, **_):
+        settings.watching.server_timeout = 30
+
+    @kopf.on.create("test.ftjob.dev", "v1", "widgets")
+    def created(body, patch, **_):
+        kopf.info(body, reason="Created", message="widget created")
+        patch.status["phase"] = "Created"
+
+    @kopf.on.update("test.ftjob.dev", "v1", "widgets", field="spec.mode")
+    def mode_changed(new, patch, **_):
+        patch.status["phase"] = "Mode-" + new
+
+    @kopf.on.delete("test.ftjob.dev", "v1", "widgets")
+    def deleted(name, **_):
+        pass
+    """)
+
+
+def wait_for(check, timeout=30.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def test_kopf_operator_reconciles_widgets(tmp_path, monkeypatch):
+    handle = start_in_thread(str(tmp_path / "state"))
+    operator = tmp_path / "operator.py"
+    operator.write_text(OPERATOR)
+    monkeypatch.setenv("FTJOB_TEST_APISERVER", handle.url)
+    cfg = client.Configuration()
+    cfg.host = handle.url
+    api = client.ApiClient(cfg)
+    try:
+        client.ApiextensionsV1Api(api).create_custom_resource_definition(WIDGET_CRD)
+        co = client.CustomObjectsApi(api)
+        with KopfRunner(["run", "--standalone", "--all-namespaces", str(operator)], timeout=60) as runner:
+            co.create_namespaced_custom_object(*ARGS, {"apiVersion": "test.ftjob.dev/v1", "kind": "Widget",
+                                                       "metadata": {"name": "w"}, "spec": {"image": "i"}})
+
+            def phase():
+                return (co.get_namespaced_custom_object(*ARGS, "w").get("status") or {}).get("phase")
+
+            wait_for(lambda: phase() == "Created", what="kopf's create handler")
+            obj = co.get_namespaced_custom_object(*ARGS, "w")
+            assert obj["metadata"]["finalizers"] == ["kopf.zalando.org/KopfFinalizerMarker"]
+            core = client.CoreV1Api(api)
+            wait_for(lambda: any(e.involved_object.name == "w" and "widget created" in e.message
+                                 for e in core.list_namespaced_event("default").items), what="kopf's event")
+
+            co.patch_namespaced_custom_object(*ARGS, "w", {"spec": {"mode": "slow"}})
+            wait_for(lambda: phase() == "Mode-slow", what="kopf's update handler")
+
+            co.delete_namespaced_custom_object(*ARGS, "w")
+
+            def gone():
+                try:
+                    co.get_namespaced_custom_object(*ARGS, "w")
+                    return False
+                except ApiException as e:
+                    return e.status == 404
+
+            wait_for(gone, what="kopf to remove its finalizer")
+        assert runner.exit_code == 0, runner.output
+        assert runner.exception is None
+        assert "Handler 'created' succeeded" in runner.output
+        assert "Handler 'deleted' succeeded" in runner.output
+    finally:
+        api.close()
+        handle.stop()
