@@ -1,0 +1,44 @@
+"""The save deadline: when the measured save time cannot fit FTJOB_SAVE_DEADLINE_SECONDS, the trainer keeps the
+last committed checkpoint instead of starting a save that would be killed, and says so."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from trainer_testlib import TINY, finish, list_steps, log_of, read_json, report_step, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def test_save_that_cannot_fit_is_skipped_and_the_last_committed_kept(procs, tmp_path):
+    ckpt, report = tmp_path / "ckpt", tmp_path / "r.json"
+    p = procs.torchrun(
+        [
+            *TINY,
+            "--steps",
+            "400",
+            "--checkpoint-dir",
+            str(ckpt),
+            "--checkpoint-every",
+            "3",
+            "--report",
+            str(report),
+        ],
+        name="run",
+        # a save takes ~0.1 s here (measured by the periodic saves); 1 ms can never fit
+        env={"FTJOB_SAVE_DEADLINE_SECONDS": "0.001", "FTJOB_TERMINATION_LOG": str(tmp_path / "term")},
+    )
+    wait_for(
+        lambda: report_step(report) >= 4 and list_steps(ckpt), timeout=120, proc=p, what="a periodic save"
+    )
+    os.kill(p.pid, signal.SIGTERM)
+    finish(p)
+    term, doc = read_json(tmp_path / "term"), read_json(report)
+    assert term["exitCode"] == 75 and term["reason"] == "save-skipped-deadline", log_of(p)[-3000:]
+    kept = max(list_steps(ckpt))
+    assert term["checkpoint"] == str(ckpt / f"step-{kept:09d}") and kept < term["step"]
+    assert "miss the" in term["message"] and "kept the last committed checkpoint" in term["message"]
+    assert doc["preemption_saves"] == 0 and doc["last_checkpoint_step"] == kept
+    assert "miss the" in log_of(p)
