@@ -71,3 +71,35 @@ def test_extra_trainer_flags_reach_the_trainer():
     argv, env = rendered(trainer={"flags": {"warmup-steps": "3", "grad-accum": "2"}})
     cfg = config.parse_args(argv, env)
     assert (cfg.optimizer.warmup_steps, cfg.data.grad_accum) == (3, 2)
+
+
+def test_torchrun_accepts_the_rendered_arguments():
+    pytest.importorskip("torch", reason="torch is not installed (the operator itself needs none)")
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
+    from torch.distributed.run import get_args_parser
+
+    spec = api.parse_spec(job(workers={"min": 2, "max": 3}, processesPerWorker=2)["spec"])
+    pod = render.render_worker_pod(REF, spec, index=1, generation=0, coordinator_ip="10.96.0.7")
+    # Kubernetes expands $(VAR) from the container env before torchrun sees the arguments.
+    args = [
+        a.replace("$(FTJOB_COORDINATOR_ADDR)", "10.96.0.7").replace("$(POD_IP)", "127.10.0.5")
+        for a in pod["spec"]["containers"][0]["args"]
+    ]
+    ns = get_args_parser().parse_args(args)
+    assert (ns.nnodes, ns.nproc_per_node, ns.rdzv_backend) == ("2:3", "2", "c10d")
+    assert ns.rdzv_endpoint == "10.96.0.7:29400" and ns.rdzv_id == UID and ns.local_addr == "127.10.0.5"
+    assert float(ns.shutdown_timeout) == render.timing(spec).shutdown_timeout_seconds
+    assert (ns.module, ns.training_script) == (True, "ftjob_trainer.train")
+    conf = _parse_rendezvous_config(ns.rdzv_conf)
+    params = RendezvousParameters("c10d", ns.rdzv_endpoint, ns.rdzv_id, 2, 3, **conf)
+    assert params.get_as_bool("is_host") is False
+    assert [
+        params.get_as_int(k)
+        for k in ("last_call_timeout", "join_timeout", "keep_alive_interval", "keep_alive_max_attempt")
+    ] == [
+        5,
+        600,
+        1,
+        2,
+    ]
