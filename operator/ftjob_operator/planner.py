@@ -5,6 +5,17 @@ spec, suspend, success, lost pods = preemption or failure, backoff, checkpoint r
 gather an `Observed`, call `plan`, write `Plan.status` (the whole status, see `status_patch`), then apply the
 actions in order, then emit the events.
 
+The handler's side, in order:
+1. Observe: the job; every pod labelled ftjob.dev/job-name=<job> (all restart generations, fresh from the API
+   when possible); all nodes (or None: then "node gone" is never concluded); the Service `<job>-coordinator`;
+   whether the Secret `<job>-token` exists; the coordinator's GET /v1/progress when it answers; a fresh random
+   token (used only if the Secret must be created).
+2. Write `Plan.status` to the status subresource (`status_patch(old, new)` gives a merge patch that also
+   removes keys), then apply the Create/Delete/RequestCheckpoint actions in order (Create: 409 means done;
+   Delete: 404 means done; RequestCheckpoint: POST /v1/checkpoint on http://<clusterIP>:29401 with the bearer
+   token, best effort), then emit the Events.
+3. Re-run after `requeue_after` seconds when it is set, and on a timer anyway to poll progress.
+
 Idempotency (an operator restart at any instant creates no duplicates and loses no counter):
 - every counter and every "already handled" mark lives in the returned status;
 - pod names come from `status.nextPodIndex` and the largest index observed, and a created pod stays in
@@ -436,9 +447,14 @@ class _Planner:
         return Plan(tuple(self.actions) + tuple(self.events), self.st.to_json(), self.requeue)
 
     # -- children of the job, sorted out once
+    def owned(self, pod: dict[str, Any]) -> bool:
+        """A pod another object owns is not ours even if it carries our labels."""
+        owners = (pod.get("metadata") or {}).get("ownerReferences") or []
+        return not owners or not self.ref.uid or any(o.get("uid") == self.ref.uid for o in owners)
+
     def sort_pods(self) -> None:
         gen = self.prev.restart_generation
-        pods = sorted(self.o.pods, key=lambda p: (pod_index(p), pod_name(p)))
+        pods = sorted(filter(self.owned, self.o.pods), key=lambda p: (pod_index(p), pod_name(p)))
         self.by_name = {pod_name(p): p for p in pods}
         self.current = [p for p in pods if pod_generation(p) == gen]
         self.old = [p for p in pods if pod_generation(p) != gen]
@@ -496,7 +512,7 @@ class _Planner:
     def finished(self) -> Plan:
         spec = self._try_spec()
         clean_all = spec is None or spec.clean_pod_policy == "All"
-        for pod in self.o.pods:
+        for pod in self.by_name.values():
             ended = pod_succeeded(pod) or (pod.get("status") or {}).get("phase") == "Failed"
             if clean_all or not ended or pod_role(pod) == render.ROLE_COORDINATOR:
                 self.delete_pod(pod)

@@ -141,6 +141,16 @@ def test_an_edited_pod_template_restarts_the_pods_without_counting_a_failure(edi
         assert condition(store.status, "Restarting")["status"] == "False"
 
 
+def test_pods_owned_by_something_else_are_left_alone():
+    stranger = pod("worker", 7, generation=5)
+    stranger["metadata"]["ownerReferences"] = [
+        {"uid": "someone-else", "kind": "Job", "name": "x", "apiVersion": "batch/v1"}
+    ]
+    obs = running_observed(job(status={"knownPods": [], "nextPodIndex": 3, "startTime": "x"}))
+    with_stranger = plan(Observed(**dict(obs.__dict__, pods=obs.pods + [stranger])), NOW)
+    assert with_stranger == plan(obs, NOW)  # not deleted as an old generation, not counted, not a name source
+
+
 # --- preemption ------------------------------------------------------------------------------------------------
 def _preempted_worker(variant: str) -> tuple[list[dict], list[dict]]:
     nodes = [node("node-a"), node("node-b")]
