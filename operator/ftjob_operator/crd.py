@@ -25,7 +25,9 @@ HEADER = (
 )
 
 # Keys pydantic emits that OpenAPI v3.0 structural schemas either forbid or do not need.
-_DROP_KEYS = {"title", "additionalProperties_false_marker"}
+_DROP_KEYS = {"title"}
+_KEY_ORDER = ["description", "type", "format", "enum", "default"]
+_KEY_LAST = ["required", "properties", "items", "additionalProperties"]
 
 
 def _resolve(node: Any, defs: dict[str, Any]) -> Any:
@@ -72,7 +74,11 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
         out["x-kubernetes-preserve-unknown-fields"] = True
     if out.get("x-kubernetes-preserve-unknown-fields") and "type" not in out:
         out["type"] = "object"
-    return out
+    # A stable, readable key order: what a field is first, then its constraints, then its children.
+    first = [k for k in _KEY_ORDER if k in out]
+    return {k: out[k] for k in first + sorted(k for k in out if k not in _KEY_ORDER)} | {
+        k: out[k] for k in _KEY_LAST if k in out
+    }
 
 
 def structural_schema() -> dict[str, Any]:
@@ -81,8 +87,8 @@ def structural_schema() -> dict[str, Any]:
     schema = _resolve(raw, raw.get("$defs", {}))
     props = schema["properties"]
     # apiVersion/kind/metadata are the server's: plain types, as every CRD declares them.
-    props["apiVersion"] = {"type": "string", "description": props["apiVersion"]["description"]}
-    props["kind"] = {"type": "string", "description": props["kind"]["description"]}
+    props["apiVersion"] = {"description": props["apiVersion"]["description"], "type": "string"}
+    props["kind"] = {"description": props["kind"]["description"], "type": "string"}
     props["metadata"] = {"type": "object"}
     schema.pop("default", None)
     return schema
