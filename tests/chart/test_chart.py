@@ -10,7 +10,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import CHART, HA_NAMESPACED, ROOT, find, helm, one, render, set_args
+from chart_helpers import CHART, HA_NAMESPACED, ROOT, find, helm, one, render, set_args
 
 K8S_VERSION = "1.32.0"  # the kubectl/helm generation the project ships (tools/fetch_k8s_tools.py)
 RELEASE_NS = "ftjob-system"

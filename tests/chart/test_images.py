@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, tool
+from chart_helpers import ROOT, tool
 from packaging.requirements import Requirement
 
 try:

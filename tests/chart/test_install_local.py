@@ -13,8 +13,8 @@ import subprocess
 import sys
 
 import pytest
+from chart_helpers import CHART, ROOT, set_args, tool
 from chart_pod_security import restricted_violations
-from conftest import CHART, ROOT, set_args, tool
 
 pytestmark = pytest.mark.slow
 RELEASE, NS = "ftjob", "ftjob-system"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import copy
 
 import pytest
+from chart_helpers import HA_NAMESPACED, one, render
 from chart_pod_security import restricted_violations
-from conftest import HA_NAMESPACED, one, render
 
 GOOD = {
     "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
