@@ -63,7 +63,30 @@ OBJECT_META = {1: ("name", "s"), 2: ("generateName", "s"), 3: ("namespace", "s")
 PRECONDITIONS = {1: ("uid", "s"), 2: ("resourceVersion", "s")}
 DELETE_OPTIONS = {1: ("gracePeriodSeconds", "i"), 2: ("preconditions", ("msg", PRECONDITIONS)),
                   3: ("orphanDependents", "b"), 4: ("propagationPolicy", "s"), 5: ("dryRun", "list_s")}
+RESOURCE_ATTRIBUTES = {1: ("namespace", "s"), 2: ("verb", "s"), 3: ("group", "s"), 4: ("version", "s"),
+                       5: ("resource", "s"), 6: ("subresource", "s"), 7: ("name", "s")}
+NON_RESOURCE_ATTRIBUTES = {1: ("path", "s"), 2: ("verb", "s")}
+POLICY_RULE = {1: ("verbs", "list_s"), 2: ("apiGroups", "list_s"), 3: ("resources", "list_s"),
+               4: ("resourceNames", "list_s"), 5: ("nonResourceURLs", "list_s")}
+SUBJECT = {1: ("kind", "s"), 2: ("apiGroup", "s"), 3: ("name", "s"), 4: ("namespace", "s")}
+ROLE_REF = {1: ("apiGroup", "s"), 2: ("kind", "s"), 3: ("name", "s")}
+LOCAL_REF = {1: ("name", "s")}
+_META = ("metadata", ("msg", OBJECT_META))
+_ROLE = {1: _META, 2: ("rules", ("list", POLICY_RULE))}
+_BINDING = {1: _META, 2: ("subjects", ("list", SUBJECT)), 3: ("roleRef", ("msg", ROLE_REF))}
 MESSAGES: dict[str, dict[int, Any]] = {
+    "Namespace": {1: _META, 2: ("spec", ("msg", {1: ("finalizers", "list_s")}))},
+    "ServiceAccount": {1: _META, 2: ("secrets", ("list", LOCAL_REF)), 3: ("imagePullSecrets", ("list", LOCAL_REF)),
+                       4: ("automountServiceAccountToken", "b")},
+    "Role": _ROLE, "ClusterRole": _ROLE, "RoleBinding": _BINDING, "ClusterRoleBinding": _BINDING,
+    "TokenRequest": {1: _META, 2: ("spec", ("msg", {1: ("audiences", "list_s"), 4: ("expirationSeconds", "i")}))},
+    "SelfSubjectAccessReview": {1: _META, 2: ("spec", ("msg", {
+        1: ("resourceAttributes", ("msg", RESOURCE_ATTRIBUTES)),
+        2: ("nonResourceAttributes", ("msg", NON_RESOURCE_ATTRIBUTES))}))},
+    "SubjectAccessReview": {1: _META, 2: ("spec", ("msg", {
+        1: ("resourceAttributes", ("msg", RESOURCE_ATTRIBUTES)),
+        2: ("nonResourceAttributes", ("msg", NON_RESOURCE_ATTRIBUTES)), 3: ("user", "s"),
+        4: ("groups", "list_s"), 6: ("uid", "s")}))},
     "Secret": {1: ("metadata", ("msg", OBJECT_META)), 2: ("data", "map_sb"), 3: ("type", "s"),
                4: ("stringData", "map_ss"), 5: ("immutable", "b")},
     "ConfigMap": {1: ("metadata", ("msg", OBJECT_META)), 2: ("data", "map_ss"), 3: ("binaryData", "map_sb"),
@@ -80,7 +103,8 @@ def _decode(buf: bytes, spec: dict[int, Any]) -> dict[str, Any]:
             continue
         name, how = spec[num]
         if how == "s":
-            out[name] = value.decode()
+            if value:  # gogo-protobuf writes empty strings that JSON (omitempty) leaves out
+                out[name] = value.decode()
         elif how == "b":
             out[name] = bool(value)
         elif how == "i":
@@ -110,7 +134,7 @@ def decode(body: bytes) -> dict[str, Any]:
     spec = MESSAGES.get(kind)
     if spec is None:
         raise ApiError(415, "UnsupportedMediaType", f"protobuf bodies of kind {kind!r} are not supported by the "
-                       "local API server; send JSON (Content-Type: application/json)")
+                       "local API server; send JSON (Content-Type: application/json), e.g. with `kubectl apply -f`")
     obj = _decode(envelope.get(2, b""), spec)
     if kind not in ("DeleteOptions",):
         obj = {"apiVersion": api_version, "kind": kind, **obj}

@@ -83,7 +83,7 @@ BUILTINS: list[ResourceType] = [
     _rt("", "v1", "nodes", "Node", False, "no", "status"),
     _rt("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", True, "pvc", "status"),
     _rt("", "v1", "persistentvolumes", "PersistentVolume", False, "pv", "status"),
-    _rt("", "v1", "serviceaccounts", "ServiceAccount", True, "sa"),
+    _rt("", "v1", "serviceaccounts", "ServiceAccount", True, "sa", "token"),
     _rt("", "v1", "resourcequotas", "ResourceQuota", True, "quota", "status"),
     _rt("", "v1", "limitranges", "LimitRange", True, "limits"),
     _rt("apps", "v1", "deployments", "Deployment", True, "deploy", "status scale", "all"),
@@ -106,6 +106,8 @@ BUILTINS: list[ResourceType] = [
         "ValidatingWebhookConfiguration", False),
     _rt("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
         "MutatingWebhookConfiguration", False),
+    _rt("authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview", False),
+    _rt("authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview", False),
     _rt("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False,
         "crd crds", "status"),
 ]

@@ -22,6 +22,7 @@ import yaml
 from aiohttp import web
 
 from . import openapi, protobuf, tables
+from .auth import Tokens, User, forbidden_message, rbac_allows, unauthorized
 from .errors import (
     ApiError,
     FieldError,
@@ -118,6 +119,7 @@ class ApiServer:
         for ns in INITIAL_NAMESPACES:
             if self.store.get(NS_KEY, "", ns) is None:
                 self.create(self.registry.types[NS_KEY], "v1", "", {"metadata": {"name": ns}}, {})
+        self.tokens = Tokens(self.state_dir)
         self.address = ""
         self.app = web.Application(middlewares=[self._errors], client_max_size=64 * 1024 * 1024)
         self.app.router.add_route("*", "/{tail:.*}", self._dispatch)
@@ -155,9 +157,34 @@ class ApiServer:
             return yaml.safe_load(raw.decode())
         return json.loads(raw)
 
+    def _user(self, request: web.Request) -> User | None:
+        """Who asks: None is the local administrator (no credentials); see auth.py."""
+        header = request.headers.get("Authorization", "")
+        if header.lower().startswith("bearer "):
+            claims = self.tokens.verify(header[7:].strip())
+            if claims is None:
+                raise unauthorized()
+            sa = self.store.get(SA_KEY, claims["ns"], claims["sa"])
+            if sa is None or sa["metadata"]["uid"] != claims.get("uid"):
+                raise unauthorized()
+            if request.headers.get("Impersonate-User"):
+                raise forbidden(f'users "{request.headers["Impersonate-User"]}" is forbidden: ServiceAccounts '
+                                "may not impersonate on the local API server")
+            return User.service_account(claims["ns"], claims["sa"])
+        if request.headers.get("Impersonate-User"):
+            return User.named(request.headers["Impersonate-User"], request.headers.getall("Impersonate-Group", []))
+        return None
+
+    def authorize(self, user: User | None, verb: str, group: str, resource: str, ns: str, name: str | None) -> None:
+        if user is None or rbac_allows(self.store, user, verb, group, resource, ns, name):
+            return
+        raise forbidden(forbidden_message(user, verb, group, resource, ns, name),
+                        {"name": name or "", "group": group, "kind": resource.partition("/")[0]})
+
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
         path = request.path.rstrip("/") or "/"
         parts = [p for p in path.split("/") if p]
+        user = self._user(request)
         if path in ("/healthz", "/livez", "/readyz"):
             return web.Response(text="ok")
         if path == "/version":
@@ -170,7 +197,7 @@ class ApiServer:
             if len(parts) == 1:
                 return _json({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
                     {"clientCIDR": "0.0.0.0/0", "serverAddress": self.address}]})
-            return await self._resource_request(request, "", parts[1], parts[2:])
+            return await self._resource_request(request, user, "", parts[1], parts[2:])
         if parts[0] == "apis":
             if len(parts) == 1:
                 return _json({"kind": "APIGroupList", "apiVersion": "v1",
@@ -180,7 +207,7 @@ class ApiServer:
                 if not versions:
                     raise ApiError(404, "NotFound", f"the server could not find the requested resource: {path}")
                 return _json({"kind": "APIGroup", "apiVersion": "v1", **self._api_group(parts[1], versions)})
-            return await self._resource_request(request, parts[1], parts[2], parts[3:])
+            return await self._resource_request(request, user, parts[1], parts[2], parts[3:])
         raise ApiError(404, "NotFound", f"the server could not find the requested resource ({request.method} {path})")
 
     def _openapi(self, parts: list[str]) -> web.Response:
@@ -223,6 +250,9 @@ class ApiServer:
                     sub_entry.update(group="policy", version="v1", kind="Eviction", verbs=["create"])
                 elif sub == "binding":
                     sub_entry.update(kind="Binding", verbs=["create"])
+                elif sub == "token":
+                    sub_entry.update(group="authentication.k8s.io", version="v1", kind="TokenRequest",
+                                     verbs=["create"])
                 resources.append(sub_entry)
         if group == "" and version == "v1":
             resources.append({"name": "bindings", "singularName": "binding", "namespaced": True, "kind": "Binding",
@@ -230,7 +260,7 @@ class ApiServer:
         gv = f"{group}/{version}" if group else version
         return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}
 
-    async def _resource_request(self, request: web.Request, group: str, version: str,
+    async def _resource_request(self, request: web.Request, user: User | None, group: str, version: str,
                                 rest: list[str]) -> web.StreamResponse:
         if not rest:
             if version not in self.registry.groups().get(group, []):
@@ -247,6 +277,7 @@ class ApiServer:
         if len(rest) > 3:
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({request.path})")
         if group == "" and plural == "bindings" and name is None and request.method == "POST":
+            self.authorize(user, "create", "", "bindings", ns, None)
             body = await self._body(request)
             return _json(self.bind(ns, body.get("metadata", {}).get("name", ""), body), 201)
         rt = self.registry.get(group, version, plural)
@@ -255,6 +286,11 @@ class ApiServer:
         if rt.namespaced != bool(ns) and name is not None or (not rt.namespaced and ns):
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({request.path})")
         method = request.method
+        verb = {"GET": "watch" if watch else ("get" if name else "list"), "POST": "create", "PUT": "update",
+                "PATCH": "patch", "DELETE": "delete" if name else "deletecollection"}.get(method, method.lower())
+        self.authorize(user, verb, group, plural + (f"/{sub}" if sub else ""), ns, name)
+        if group == "authorization.k8s.io" and method == "POST" and name is None:
+            return _json(self.access_review(rt, user, await self._body(request)), 201)
         if name is None:
             if method == "GET":
                 if watch:
@@ -296,6 +332,10 @@ class ApiServer:
             if method != "GET":
                 raise method_not_allowed("pods/log only supports GET")
             return await self.pod_log(request, ns, name)
+        if sub == "token":
+            if method != "POST":
+                raise method_not_allowed("serviceaccounts/token only supports POST (create)")
+            return _json(self.token_request(ns, name, await self._body(request)), 201)
         if sub == "eviction":
             if method != "POST":
                 raise method_not_allowed("pods/eviction only supports POST (create)")
@@ -793,6 +833,22 @@ class ApiServer:
 
     def _admit_secrets(self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
         obj.setdefault("type", "Opaque")
+        annotations = obj["metadata"].get("annotations") or {}
+        sa_name = annotations.get("kubernetes.io/service-account.name")
+        if obj["type"] == "kubernetes.io/service-account-token" and sa_name and \
+                not (obj.get("data") or {}).get("token"):
+            # The token controller's job in Kubernetes: fill in a token for the named ServiceAccount.
+            ns = obj["metadata"]["namespace"]
+            sa = self.store.get(SA_KEY, ns, sa_name)
+            if sa is None:
+                raise invalid("Secret", "", obj["metadata"]["name"], [FieldError(
+                    "metadata.annotations[kubernetes.io/service-account.name]",
+                    f'Invalid value: "{sa_name}": no ServiceAccount of that name in namespace {ns}; create it first')])
+            annotations["kubernetes.io/service-account.uid"] = sa["metadata"]["uid"]
+            obj["metadata"]["annotations"] = annotations
+            token = self.tokens.issue(ns, sa_name, sa["metadata"]["uid"])
+            obj.setdefault("data", {}).update({"token": base64.b64encode(token.encode()).decode(),
+                                               "namespace": base64.b64encode(ns.encode()).decode()})
         data = obj.get("data") or {}
         for key, value in data.items():
             try:
@@ -1180,6 +1236,33 @@ class ApiServer:
         except (ConnectionResetError, ConnectionError):
             pass
         return resp
+
+    # ---------------------------------------------------------------- authentication and authorization APIs
+    def token_request(self, ns: str, name: str, body: Any) -> dict[str, Any]:
+        sa = self.get(self.registry.types[SA_KEY], ns, name)
+        expires = int(((body or {}).get("spec") or {}).get("expirationSeconds") or 3600)
+        return {"kind": "TokenRequest", "apiVersion": "authentication.k8s.io/v1",
+                "metadata": {"name": name, "namespace": ns, "creationTimestamp": None},
+                "spec": {"audiences": ((body or {}).get("spec") or {}).get("audiences") or [],
+                         "expirationSeconds": expires},
+                "status": {"token": self.tokens.issue(ns, name, sa["metadata"]["uid"], expires),
+                           "expirationTimestamp": now_iso(expires)}}
+
+    def access_review(self, rt: ResourceType, user: User | None, body: Any) -> dict[str, Any]:
+        spec = (body or {}).get("spec") or {}
+        if rt.plural == "subjectaccessreviews":
+            user = User.named(spec.get("user", ""), spec.get("groups") or [])
+        attrs = spec.get("resourceAttributes") or {}
+        if attrs:
+            resource = attrs.get("resource", "") + (f"/{attrs['subresource']}" if attrs.get("subresource") else "")
+            allowed = user is None or rbac_allows(self.store, user, attrs.get("verb", ""), attrs.get("group", ""),
+                                                  resource, attrs.get("namespace", ""), attrs.get("name") or None)
+        else:  # non-resource URLs (discovery, /version, /healthz) are open to every authenticated user
+            allowed = True
+        out = dict(body or {})
+        out.update(apiVersion="authorization.k8s.io/v1", kind=rt.kind)
+        out["status"] = {"allowed": allowed, **({"reason": "RBAC: allowed"} if allowed else {})}
+        return out
 
     # ---------------------------------------------------------------- scale subresource
     def scale_of(self, rt: ResourceType, version: str, obj: dict[str, Any]) -> dict[str, Any]:

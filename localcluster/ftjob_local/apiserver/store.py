@@ -44,9 +44,11 @@ class Store:
         self.history_start = self.rv  # every event after this resourceVersion is in `history`
         self.watchers: set[asyncio.Queue[Event]] = set()
         self.by_uid: dict[str, tuple[Key, str, str]] = {}
+        self.dependents: dict[str, set[tuple[Key, str, str]]] = collections.defaultdict(set)  # owner uid -> objects
         for key, objs in self.objects.items():
             for (ns, name), obj in objs.items():
                 self.by_uid[obj["metadata"]["uid"]] = (key, ns, name)
+                self._index_owners(key, ns, name, obj, add=True)
 
     def close(self) -> None:
         self.db.close()
@@ -64,12 +66,24 @@ class Store:
         items.sort(key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
         return items
 
+    def _index_owners(self, key: Key, ns: str, name: str, obj: dict[str, Any] | None, add: bool) -> None:
+        for ref in (obj or {}).get("metadata", {}).get("ownerReferences") or []:
+            uid = ref.get("uid")
+            if not uid:
+                continue
+            if add:
+                self.dependents[uid].add((key, ns, name))
+            else:
+                self.dependents[uid].discard((key, ns, name))
+                if not self.dependents[uid]:
+                    del self.dependents[uid]
+
     def by_owner(self, uid: str) -> list[tuple[Key, dict[str, Any]]]:
         out = []
-        for key, objs in self.objects.items():
-            for obj in objs.values():
-                if any(r.get("uid") == uid for r in obj["metadata"].get("ownerReferences") or []):
-                    out.append((key, obj))
+        for key, ns, name in sorted(self.dependents.get(uid, ())):
+            obj = self.objects[key].get((ns, name))
+            if obj is not None and any(r.get("uid") == uid for r in obj["metadata"].get("ownerReferences") or []):
+                out.append((key, obj))
         return out
 
     def put(self, key: Key, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
@@ -80,7 +94,9 @@ class Store:
             self.db.execute("INSERT OR REPLACE INTO objects VALUES (?, ?, ?, ?, ?)",
                             (key[0], key[1], ns, name, json.dumps(obj, separators=(",", ":"))))
             self.db.execute("INSERT OR REPLACE INTO meta VALUES ('rv', ?)", (str(self.rv),))
+        self._index_owners(key, ns, name, self.objects[key].get((ns, name)), add=False)
         self.objects[key][(ns, name)] = obj
+        self._index_owners(key, ns, name, obj, add=True)
         self.by_uid[meta["uid"]] = (key, ns, name)
         self._emit(Event(int(meta["resourceVersion"]), key, "ADDED" if old is None else "MODIFIED", old, obj))
 
@@ -92,6 +108,7 @@ class Store:
             self.db.execute("DELETE FROM objects WHERE grp=? AND res=? AND ns=? AND name=?", (key[0], key[1], ns, name))
             self.db.execute("INSERT OR REPLACE INTO meta VALUES ('rv', ?)", (str(self.rv),))
         old = self.objects[key].pop((ns, name), None)
+        self._index_owners(key, ns, name, old, add=False)
         self.by_uid.pop(meta["uid"], None)
         self._emit(Event(int(meta["resourceVersion"]), key, "DELETED", old, obj))
 
