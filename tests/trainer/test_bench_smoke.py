@@ -1,0 +1,44 @@
+"""bench/trainer_bench.py runs end to end in --smoke mode on a CPU and reports every figure."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from trainer_testlib import REPO, finish, log_of
+
+pytestmark = pytest.mark.slow
+
+
+def test_bench_smoke_reports_every_figure(procs, tmp_path):
+    p = procs.start(
+        [
+            sys.executable,
+            str(REPO / "bench" / "trainer_bench.py"),
+            "--out",
+            str(tmp_path / "out"),
+            "--smoke",
+            "--workdir",
+            str(tmp_path / "work"),
+        ],
+        name="bench",
+    )
+    assert finish(p, 300) == 0, log_of(p)[-4000:]
+    doc = json.loads((tmp_path / "out" / "results.json").read_text())
+    t, c = doc["throughput"], doc["checkpoint"]
+    assert t["plain_fsdp2_tokens_per_s"] > 0 and t["engine_tokens_per_s"] > 0
+    assert t["engine_over_plain"] == pytest.approx(t["engine_tokens_per_s"] / t["plain_fsdp2_tokens_per_s"])
+    assert c["state_bytes"] > 1_000_000 and c["disk_write_bytes_per_s"] > 0
+    assert (
+        c["sigterm_to_commit_seconds"] > 0
+        and c["load_seconds"] > 0
+        and len(c["async_save_stall_seconds"]) == 1
+    )
+    assert set(doc["goals"]) == {
+        "engine_over_plain>=0.95",
+        "compile_mfu>=0.60",
+        "async_save_stall<=1s",
+        "sigterm_to_commit_over_ideal<=1.25",
+    }
+    assert not any((tmp_path / "work").glob("ckpt/step-*"))  # it cleans up its checkpoints
