@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import socket
 from pathlib import Path
 
+import aiohttp
 import jsonschema
 import kubernetes_validate
 import pytest
@@ -360,3 +363,31 @@ def test_chart_metadata():
     version = re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1)
     assert chart["appVersion"] == version, "appVersion is the ftjob version the chart deploys by default"
     assert Path(CHART / "templates" / "NOTES.txt").read_text().strip()
+
+
+def test_probe_path_and_metrics_port_are_served_by_the_operators_metrics_endpoint():
+    """The chart probes `probes.path` on the metrics port: the operator's real server must answer both routes."""
+    metrics_mod = pytest.importorskip("ftjob_operator.metrics")
+    pod = one(render(), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    probe_path = pod["livenessProbe"]["httpGet"]["path"]
+    assert pod["readinessProbe"]["httpGet"]["path"] == probe_path
+    with socket.socket() as s:  # a free port; the chart's 8080 may be taken on a shared machine
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def scrape() -> dict[str, int]:
+        server = metrics_mod.Metrics()
+        await server.serve(port, host="127.0.0.1")
+        try:
+            async with aiohttp.ClientSession() as session:
+                codes = {}
+                for path in (probe_path, "/metrics"):
+                    async with session.get(f"http://127.0.0.1:{port}{path}") as resp:
+                        codes[path] = resp.status
+                return codes
+        finally:
+            await server.close()
+
+    assert asyncio.run(scrape()) == {probe_path: 200, "/metrics": 200}
+    # The ServiceMonitor names no path, so Prometheus scrapes its default, /metrics, checked just above.
+    assert "path" not in one(render(HA_NAMESPACED), "ServiceMonitor")["spec"]["endpoints"][0]
