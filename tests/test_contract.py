@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from ftjob_trainer import contract
 
 
@@ -61,6 +62,7 @@ def test_termination_reasons():
     ) == ("preempted", "peer-stopped", "save-skipped-deadline", "done", "error")
 
 
+@pytest.mark.slow
 def test_contract_imports_no_torch():
     # The operator image has no torch: importing the contract (and the package) must not pull it in.
     code = "import sys, ftjob_trainer.contract; sys.exit(1 if 'torch' in sys.modules else 0)"

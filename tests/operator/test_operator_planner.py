@@ -229,6 +229,22 @@ def test_preemptions_never_use_the_failure_budget():
     assert condition(store.status, "Preempted")["status"] == "False"  # recovered
 
 
+def test_a_pod_on_a_vanished_node_is_force_deleted_once_counted():
+    store = started()
+    victim = store.names("worker")[0]
+    store.nodes = [n for n in store.nodes if n["metadata"]["name"] != "node-a"] + [node("node-c")]
+    for p in store.pods.values():
+        if p["metadata"]["name"] != victim:
+            p["spec"]["nodeName"] = "node-c"
+    first = plan(store.observe(), NOW)
+    assert first.status["preemptions"] == 1 and not first.of(Delete)  # counted first
+    store.apply(first)
+    second = plan(store.observe(), at(1))
+    assert (
+        Delete("Pod", victim, 0) in second.actions
+    )  # its kubelet is gone: nobody would finish a graceful delete
+
+
 def test_max_preemptions_fails_the_job():
     store = started(preemption={"maxPreemptions": 1})
     for name in store.names("worker"):

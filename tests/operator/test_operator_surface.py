@@ -203,6 +203,7 @@ def test_a_missing_local_module_says_what_to_install(monkeypatch, capsys):
     assert "needs the module ftjob_local.demo" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_python_dash_m_runs_the_cli():
     out = subprocess.run(
         [sys.executable, "-m", "ftjob_operator", "crd"],
