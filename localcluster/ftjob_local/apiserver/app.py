@@ -93,6 +93,11 @@ def start_in_thread(state_dir: str, port: int = 0, host: str = "127.0.0.1") -> S
 
 
 def run_forever(state_dir: str, port: int, host: str = "127.0.0.1") -> None:
+    os.makedirs(state_dir, exist_ok=True)
+    try:  # a URL left by an earlier run must not be mistaken for this one's
+        os.remove(os.path.join(state_dir, "apiserver.url"))
+    except FileNotFoundError:
+        pass
     sock = _bind(host, port)
     url = f"http://{host}:{sock.getsockname()[1]}"
     server = ApiServer(state_dir)
