@@ -7,7 +7,11 @@ from ftjob_local.apiserver.errors import ApiError
 from ftjob_local.apiserver.patch import merge_patch, strategic_merge_patch
 from ftjob_local.apiserver.protobuf import decode
 from ftjob_local.apiserver.schema import check_cel_rules, process_custom_resource
-from ftjob_local.apiserver.selectors import label_selector_from_dict, parse_field_selector, parse_label_selector
+from ftjob_local.apiserver.selectors import (
+    label_selector_from_dict,
+    parse_field_selector,
+    parse_label_selector,
+)
 
 POD = {"metadata": {"finalizers": ["a"], "labels": {"x": "1"}},
        "spec": {"containers": [{"name": "main", "image": "i", "env": [{"name": "A", "value": "1"}],
