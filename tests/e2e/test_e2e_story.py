@@ -1,0 +1,183 @@
+"""The whole story on the local cluster with the real operator, trainer, torchrun and kubectl:
+a preemption with notice costs no step and ends in the same state as an uninterrupted run; a hard preemption
+resumes from the last periodic checkpoint; a trainer that crashes on purpose spends its failure budget with
+backoff and ends Failed with the reason in the status."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from e2e_lib import (
+    TEST_FLAGS,
+    apply,
+    job_status,
+    needs_operator,
+    report_step,
+    running_workers,
+    tiny_job,
+    wait_finished,
+    wait_until,
+)
+from ftjob_local.cli import main as local_main
+from ftjob_local.demo import analyze, read_job_logs, read_json
+
+pytestmark = [pytest.mark.slow, needs_operator]
+BIN = Path(sys.executable).parent
+STEPS = 40
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    """The same trainer config, uninterrupted, straight under torchrun (2 ranks); started at once, in parallel."""
+    d = tmp_path_factory.mktemp("baseline")
+    flags = [f"--{k}={v}" for k, v in TEST_FLAGS.items() if k != "report"]
+    argv = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", "-m", "ftjob_trainer.train",
+            "--model=tiny", f"--steps={STEPS}", "--global-batch-size=4", "--seq-len=32", *flags,
+            f"--report={d / 'report.json'}", f"--termination-log={d / 'termination.log'}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
+    with open(d / "torchrun.log", "w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=d, start_new_session=True)
+
+    def result() -> str:
+        try:
+            code = proc.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the uninterrupted baseline run did not finish in 300s")
+        assert code == 0, (d / "torchrun.log").read_text()[-3000:]
+        return read_json(d / "report.json")["state_sha256"]
+
+    try:
+        yield result
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # the session we started: torchrun and its workers
+            proc.wait(timeout=30)
+
+
+def preempt(session, node: str, *extra: str) -> float:
+    t = time.time()
+    assert local_main(["preempt", "--state-dir", str(session.cluster.dir), node, *extra]) == 0
+    return t
+
+
+def test_preemption_with_notice_loses_no_step(session, baseline):
+    name = "story"
+    apply(session, tiny_job(name, steps=STEPS))
+    wait_until(session, lambda: report_step(session, name) >= 12 and len(running_workers(session, name)) == 2,
+               180, "two workers training past step 12", job=name)
+    originals = {p["metadata"]["name"] for p in running_workers(session, name)}
+    node = session.node_of_worker(name)
+    notice_at = preempt(session, node, "--notice", "2", "--replace-after", "1")
+
+    st = wait_finished(session, name, 240)
+    assert st["phase"] == "Succeeded", st
+    assert (st["preemptions"], st["failures"]) == (1, 0), st
+    pre = next(c for c in st["conditions"] if c["type"] == "Preempted")
+    assert pre["reason"] in ("Preempted", "Recovered"), pre
+
+    records = read_job_logs(session.cluster.dir, session.ns, name)
+    a = analyze(records)
+    # All ranks stopped at the same step and saved it; training resumed from exactly that step.
+    stops = [r for r in records if r.kind == "exit" and r.exit_code == 75 and r.t > notice_at]
+    assert {r.rank for r in stops} == {0, 1}, stops
+    assert len({r.step for r in stops}) == 1, stops
+    saved = stops[0].step
+    assert saved >= 12
+    assert [r.from_step for r in a.resumes] == [saved], a.resumes
+    # A replacement worker joined and trained.
+    trained_in = {r.pod for r in records if r.kind == "step" or r.kind == "config"}
+    assert trained_in - originals, f"no replacement trained: {trained_in} vs original {originals}"
+    assert (a.final_step, a.lost_steps) == (STEPS, 0), (a.trained_twice, a.skipped)
+    # The end state is bit-identical to the uninterrupted run's.
+    report = read_json(session.cluster.dir / "pvcs" / session.ns / f"{name}-checkpoints" / "report.json")
+    assert report["exit_code"] == 0 and report["step"] == STEPS
+    assert report["state_sha256"] == baseline()
+
+
+def test_hard_preemption_resumes_from_last_periodic_checkpoint(session, baseline):
+    name = "hard"
+    apply(session, tiny_job(name, steps=STEPS))
+    wait_until(session, lambda: report_step(session, name) >= 13 and len(running_workers(session, name)) == 2,
+               180, "two workers training past step 13", job=name)
+    node = session.node_of_worker(name)
+    killed_at = preempt(session, node, "--hard", "--replace-after", "1")
+
+    st = wait_finished(session, name, 240)
+    assert st["phase"] == "Succeeded", st
+    assert st["preemptions"] == 1 and st["failures"] == 0, st
+    records = read_job_logs(session.cluster.dir, session.ns, name)
+    a = analyze(records)
+    periodic = [r.step for r in records if r.rank == 0 and r.kind == "committed" and r.t < killed_at]
+    reached = max(r.step for r in records if r.rank == 0 and r.kind == "step" and r.t < killed_at)
+    assert periodic and periodic[-1] % 10 == 0, periodic
+    # No notice, no save: resumed from the last periodic checkpoint and trained the steps after it again.
+    assert a.resumes and a.resumes[0].from_step == periodic[-1], a.resumes
+    assert a.trained_twice == reached - periodic[-1] and a.skipped == 0
+    assert a.final_step == STEPS
+    report = read_json(session.cluster.dir / "pvcs" / session.ns / f"{name}-checkpoints" / "report.json")
+    assert report["state_sha256"] == baseline(), "resume after a hard kill is not exact"
+
+
+CRASH = """\
+import json, os, sys
+# A trainer that crashes on purpose, saying why in the termination message as ftjob's trainer does.
+path = os.environ.get("FTJOB_TERMINATION_LOG", "/dev/termination-log")
+with open(path, "w") as f:
+    json.dump({"step": None, "checkpoint": None, "reason": "error", "exitCode": 3,
+               "message": "crashed on purpose (e2e test)"}, f)
+print("crashing on purpose", flush=True)
+sys.exit(3)
+"""
+
+
+def test_crashing_trainer_spends_failure_budget_with_backoff(session, tmp_path):
+    name = "crash"
+    (tmp_path / "crash.py").write_text(CRASH)
+    docs = tiny_job(name, workers=(1, 1), spec={
+        "command": ["/scripts/crash.py"],
+        "failurePolicy": {"maxFailures": 2, "backoffBaseSeconds": 2, "backoffMaxSeconds": 8, "jitter": 0},
+    })
+    tpl = docs[1]["spec"]["podTemplate"]
+    tpl["volumes"] = [{"name": "scripts", "hostPath": {"path": str(tmp_path), "type": "Directory"}}]
+    tpl["volumeMounts"] = [{"name": "scripts", "mountPath": "/scripts"}]
+    apply(session, docs)
+
+    # Watch the backoff as it happens: no pod of a new restart generation before status.backoffUntil.
+    from ftjob_local.node.api import parse_time
+
+    seen: dict[int, float] = {}  # restart generation -> first time a worker of it was listed
+    backoffs: dict[int, float] = {}  # restart generation -> backoffUntil that preceded it
+
+    def finished():
+        st = job_status(session, name)
+        now = time.time()
+        if st.get("backoffUntil"):
+            backoffs.setdefault(st.get("restartGeneration", 0), parse_time(st["backoffUntil"]))
+        for p in session.pods(name):
+            if p["metadata"]["labels"].get("ftjob.dev/role") == "worker":
+                seen.setdefault(int(p["metadata"]["labels"]["ftjob.dev/restart-generation"]), now)
+        return st if st.get("phase") in ("Succeeded", "Failed") else None
+
+    st = wait_until(session, finished, 180, "the crashing job to end", job=name, interval=0.2)
+    assert st["phase"] == "Failed", st
+    assert (st["failures"], st["restarts"]) == (3, 2), st
+    failed = next(c for c in st["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "BackoffLimitExceeded", failed
+    assert "crashed on purpose" in failed["message"], failed
+    assert "crashed on purpose" in (st["lastFailure"].get("message") or ""), st["lastFailure"]
+    assert st["preemptions"] == 0
+    assert sorted(seen) == [0, 1, 2], seen
+    for gen in (1, 2):
+        assert gen in backoffs, f"no backoffUntil seen before restart generation {gen}: {backoffs}"
+        assert seen[gen] >= backoffs[gen] - 1.0, (gen, seen, backoffs)  # backoffUntil has 1 s resolution
+    events = [e for e in session.events() if (e.get("involvedObject") or {}).get("name") == name]
+    reasons = [e["reason"] for e in events]
+    assert reasons.count("RestartBackoff") >= 2 and "BackoffLimitExceeded" in reasons, reasons
+    print(json.dumps({"failures": st["failures"], "backoffUntil": backoffs}))
