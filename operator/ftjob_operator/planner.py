@@ -469,10 +469,15 @@ class _Planner:
 
     def delete_pod(self, pod: dict[str, Any]) -> None:
         meta = pod.get("metadata") or {}
+        deleting = parse_time(meta.get("deletionTimestamp"))
+        if deleting is None:
+            self.actions.append(Delete("Pod", pod_name(pod)))
+            return
+        # deletionTimestamp is when the grace period ends. A pod whose node is gone has no kubelet to finish the
+        # delete: remove the object once its grace is over (never earlier: it may still be saving a checkpoint).
         node_gone = self.nodes.gone((pod.get("spec") or {}).get("nodeName"))
-        if meta.get("deletionTimestamp") and (not node_gone or meta.get("deletionGracePeriodSeconds") == 0):
-            return  # already terminating (a pod on a vanished node never finishes: force it)
-        self.actions.append(Delete("Pod", pod_name(pod), 0 if node_gone else None))
+        if node_gone and self.now >= deleting and meta.get("deletionGracePeriodSeconds") != 0:
+            self.actions.append(Delete("Pod", pod_name(pod), 0))
 
     def delete_old_generation(self) -> None:
         # Older generations are accounted for by the persisted restartGeneration: safe to delete.

@@ -153,6 +153,7 @@ class Store:
         self.events: list[planner.Event] = []
         self.job_deleted = False
         self.creates = 0
+        self.schedule_to = "node-a"  # the node new pods land on
 
     def observe(self) -> planner.Observed:
         return planner.Observed(
@@ -201,7 +202,7 @@ class Store:
                 return  # 409: the handler treats AlreadyExists as done
             self.creates += 1
             p = copy.deepcopy(manifest)
-            p["spec"]["nodeName"] = "node-a"
+            p["spec"]["nodeName"] = self.schedule_to
             p["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
             self.pods[name] = p
 
