@@ -9,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -290,3 +292,32 @@ def test_helm_install_upgrade_uninstall(cluster, tmp_path):
         assert time.monotonic() < deadline, "helm uninstall left the deployment behind"
         time.sleep(0.05)
     assert kubectl(cluster, "get", "clusterrole", "demo", check=False).returncode != 0
+
+
+def test_rbac_with_kubectl_impersonation_and_tokens(cluster):
+    kubectl(cluster, "create", "namespace", "team")
+    kubectl(cluster, "create", "serviceaccount", "bot", "-n", "team")
+    kubectl(cluster, "create", "role", "pod-reader", "--verb=get,list", "--resource=pods", "-n", "team")
+    kubectl(cluster, "create", "rolebinding", "bot-reads", "--role=pod-reader", "--serviceaccount=team:bot",
+            "-n", "team")
+    bot = "--as=system:serviceaccount:team:bot"
+    assert kubectl(cluster, "auth", "can-i", "list", "pods", "-n", "team", bot).stdout.strip() == "yes"
+    assert kubectl(cluster, "auth", "can-i", "delete", "pods", "-n", "team", bot, check=False).stdout.strip() == "no"
+    denied = kubectl(cluster, "get", "secrets", "-n", "team", bot, check=False)
+    assert denied.returncode != 0 and 'cannot list resource "secrets"' in denied.stderr
+    # kubectl (client-go) sends credentials only over https, so the token `kubectl create token` prints is used
+    # here the way in-cluster clients (the Python client, kopf) send it.
+    token = kubectl(cluster, "create", "token", "bot", "-n", "team").stdout.strip()
+    handle = cluster[0]
+
+    def get(path: str) -> int:
+        req = urllib.request.Request(handle.url + path, headers={"Authorization": f"Bearer {token}"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    assert get("/api/v1/namespaces/team/pods") == 200
+    assert get("/api/v1/namespaces/default/pods") == 403
+    kubectl(cluster, "delete", "namespace", "team")
