@@ -1,0 +1,40 @@
+"""`ftjob demo`, the README's main command, end to end through the installed `ftjob` console script."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from e2e_lib import needs_operator
+from ftjob_local.cluster import LocalCluster
+
+pytestmark = [pytest.mark.slow, needs_operator]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_ftjob_demo_recovers_from_a_preemption_and_plots_it(tmp_path):
+    state, out = tmp_path / "state", tmp_path / "out"
+    ftjob = Path(sys.executable).parent / "ftjob"
+    proc = subprocess.run([str(ftjob), "demo", "--state-dir", str(state), "--out", str(out), "--notice", "3",
+                           "--replace-after", "2"], capture_output=True, text=True, timeout=480)
+    try:
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    finally:
+        LocalCluster(state).down(say=lambda *_: None)  # no-op when the demo tore down, as it must
+    for text in ("preempting local-spot-", "timeline", "lost steps 0", "local cluster stopped"):
+        assert text in proc.stdout, proc.stdout[-4000:]
+    png = (out / "demo.png").read_bytes()
+    assert png.startswith(PNG_MAGIC) and len(png) > 10_000
+    result = json.loads((out / "demo.json").read_text())
+    assert result["phase"] == "Succeeded"
+    assert result["preemptions"] >= 1 and result["failures"] == 0
+    assert result["final_step"] == 100 and result["lost_steps"] == 0
+    assert result["resumes"] and result["notice_at"] is not None
+    assert any("replacement worker" in what for _, what in result["timeline"]), result["timeline"]
+    # Torn down: nothing of the cluster runs any more.
+    status = LocalCluster(state).status()
+    assert not any(c["running"] for c in status["components"].values()), status
+
