@@ -419,3 +419,19 @@ def test_state_survives_restart_and_old_watch_gets_410(tmp_path):
             assert e.value.status == 410
     finally:
         second.stop()
+
+
+def test_unknown_fields_warn_by_default_and_multiple_versions_share_storage(api):
+    crd = copy.deepcopy(WIDGET_CRD)
+    v2 = copy.deepcopy(crd["spec"]["versions"][0])
+    v2.update(name="v2", storage=False)
+    crd["spec"]["versions"].append(v2)
+    client.ApiextensionsV1Api(api).create_custom_resource_definition(crd)
+    co = client.CustomObjectsApi(api)
+    body = {"apiVersion": "test.ftjob.dev/v1", "kind": "Widget", "metadata": {"name": "w"},
+            "spec": {"image": "i", "junk": 1}}
+    _, status, headers = co.create_namespaced_custom_object_with_http_info("test.ftjob.dev", "v1", NS, "widgets", body)
+    assert status == 201 and 'unknown field \\"spec.junk\\"' in headers["Warning"]
+    stored = co.get_namespaced_custom_object("test.ftjob.dev", "v2", NS, "widgets", "w")
+    assert stored["apiVersion"] == "test.ftjob.dev/v2" and "junk" not in stored["spec"]
+    assert "__warnings__" not in stored

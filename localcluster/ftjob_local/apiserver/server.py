@@ -600,13 +600,14 @@ class ApiServer:
             raise invalid(rt.kind, rt.group, name, errors)
         if self.store.get(rt.key, ns if rt.namespaced else "", name) is not None:
             raise already_exists(rt.plural, rt.group, name)
+        warnings = obj.pop("__warnings__", None)  # for the response only, never stored
         if _dry_run(params):
             meta["resourceVersion"] = str(self.store.rv)
-            return obj
-        meta["resourceVersion"] = str(self.store.next_rv())
-        self.store.put(rt.key, obj, None)
-        self._after_write(rt, obj, None)
-        return obj
+        else:
+            meta["resourceVersion"] = str(self.store.next_rv())
+            self.store.put(rt.key, obj, None)
+            self._after_write(rt, obj, None)
+        return dict(obj, __warnings__=warnings) if warnings else obj
 
     def update(self, rt: ResourceType, version: str, ns: str, name: str, body: Any, params: Any,
                sub: str | None = None, precondition_required: bool = True) -> dict[str, Any]:
