@@ -62,7 +62,7 @@ class LogRecord:
     t: float  # seconds since the epoch
     pod: str
     rank: int
-    kind: str  # config | step | committed | resumed | exit
+    kind: str  # config | sharded | step | committed | resumed | exit
     step: int | None = None
     text: str = ""
     exit_code: int | None = None
@@ -82,6 +82,8 @@ def parse_trainer_log(text: str, pod: str) -> list[LogRecord]:
         r = int(rank)
         if logger == "ftjob.train" and msg.startswith("config: "):
             out.append(LogRecord(t, pod, r, "config"))
+        elif logger.endswith("parallelize") and msg.startswith("FSDP2:"):
+            out.append(LogRecord(t, pod, r, "sharded"))  # the model is built and sharded; loading comes next
         elif logger == "ftjob.train" and (s := STEP.match(msg)):
             out.append(LogRecord(t, pod, r, "step", int(s.group(1))))
         elif (c := COMMITTED.match(msg)) and logger.endswith("checkpoint"):
@@ -113,6 +115,7 @@ class Resume:
 
     from_step: int  # the checkpoint step it loaded
     t_config: float  # rank 0 of the new round started (after the rendezvous)
+    t_sharded: float | None  # its model was built and sharded (the checkpoint load starts)
     t_resumed: float  # the checkpoint was loaded
     t_first_step: float | None  # the first step after the load
     world_size_pods: int  # pods with a rank in the new round
@@ -158,7 +161,8 @@ def analyze(records: list[LogRecord]) -> Analysis:
         # Pods whose rank>=0 lines show up between this round's start and its first step.
         until = first if first is not None else res.t
         pods = {r.pod for r in records if r.kind == "config" and t_config - 5 <= r.t <= until}
-        resume = Resume(res.step, t_config, res.t, first, len(pods),
+        sharded = max((r.t for r in rank0 if r.kind == "sharded" and t_config <= r.t <= res.t), default=None)
+        resume = Resume(res.step, t_config, sharded, res.t, first, len(pods),
                         sorted({s.step for s in stops if s.step is not None}), sorted({s.reason or "" for s in stops}))
         if stops:
             resume.t_stop = max(s.t for s in stops)
@@ -520,7 +524,7 @@ def summarize(session: Session, obs: Observations, status: dict, a: Analysis, re
     report_doc = read_json(report)
     resumes = [asdict(r) for r in a.resumes]
     for r in resumes:
-        for k in ("t_config", "t_resumed", "t_first_step", "t_stop", "t_signal", "t_commit"):
+        for k in ("t_config", "t_sharded", "t_resumed", "t_first_step", "t_stop", "t_signal", "t_commit"):
             if r.get(k) is not None:
                 r[k] = round(r[k] - t0, 3)
     return {
