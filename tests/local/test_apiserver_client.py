@@ -435,3 +435,31 @@ def test_unknown_fields_warn_by_default_and_multiple_versions_share_storage(api)
     stored = co.get_namespaced_custom_object("test.ftjob.dev", "v2", NS, "widgets", "w")
     assert stored["apiVersion"] == "test.ftjob.dev/v2" and "junk" not in stored["spec"]
     assert "__warnings__" not in stored
+
+
+def test_watch_ends_after_timeout_seconds_and_bad_requests_get_status_errors(server, api):
+    import json
+    import urllib.error
+    import urllib.request
+    core = client.CoreV1Api(api)
+    rv = core.list_namespaced_config_map(NS).metadata.resource_version
+    started = time.monotonic()
+    events = list(watch.Watch().stream(core.list_namespaced_config_map, NS, resource_version=rv, timeout_seconds=1,
+                                       _request_timeout=10))
+    assert events == [] and 0.9 <= time.monotonic() - started < 5
+
+    def status(method: str, path: str, body: bytes | None = None) -> dict:
+        req = urllib.request.Request(server.url + path, data=body, method=method,
+                                     headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=10)
+        return json.loads(e.value.read())
+
+    s = status("PUT", "/api/v1/namespaces/default/configmaps", b"{}")
+    assert (s["code"], s["reason"]) == (405, "MethodNotAllowed")
+    s = status("POST", "/api/v1/namespaces/default/configmaps", b"{not json")
+    assert (s["code"], s["reason"]) == (400, "BadRequest") and "not valid JSON" in s["message"]
+    s = status("GET", "/apis/nothing.example/v1/things")
+    assert (s["code"], s["reason"]) == (404, "NotFound")
+    s = status("GET", "/api/v1/namespaces/default/configmaps?labelSelector=a%20b%20c")
+    assert s["code"] == 400 and "unable to parse requirement" in s["message"]

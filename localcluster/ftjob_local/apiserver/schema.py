@@ -138,7 +138,8 @@ def check_cel_rules(schema: dict[str, Any], path: str = "") -> list[FieldError]:
 
 
 def _cel_eval(rule: str, bindings: dict[str, Any]) -> Any:
-    result = _cel_program(rule).evaluate({k: celpy.json_to_cel(v) for k, v in bindings.items()})
+    """Evaluate with bindings already converted by celpy.json_to_cel."""
+    result = _cel_program(rule).evaluate(bindings)
     if isinstance(result, celpy.CELEvalError):
         raise ValueError(str(result.args[0] if result.args else result))
     return result
@@ -260,14 +261,16 @@ class Validator:
                 old = dict(old)
                 old_meta = old.get("metadata") or {}
                 old["metadata"] = {k: old_meta[k] for k in ("name", "generateName") if k in old_meta}
+        cel_self = celpy.json_to_cel(value)  # converted once for all rules of this node
+        cel_old = celpy.json_to_cel(old) if old is not None else None
         for rule in rules:
             text = rule["rule"]
             transition = re.search(r"\boldSelf\b", text) is not None
             if transition and old is None:
                 continue  # transition rules only run on updates where the old value exists
-            bindings = {"self": value}
+            bindings = {"self": cel_self}
             if transition:
-                bindings["oldSelf"] = old
+                bindings["oldSelf"] = cel_old
             where = _join(path, rule["fieldPath"].lstrip(".")) if rule.get("fieldPath") else path
             reason = rule.get("reason") or "FieldValueInvalid"
             try:
