@@ -1,0 +1,381 @@
+"""The kopf handlers: gather observations, call the pure planner, apply its plan.
+
+One daemon per TrainingJob loops observe -> plan -> apply. Watch events on the job, on its pods (label
+ftjob.dev/job-name) and on nodes wake it at once, so a preempted worker is replaced within a pass; otherwise it
+sleeps for the planner's requeue hint (or a short poll of the coordinator's progress).
+
+Each pass, in this order:
+1. observe: the job (fresh GET), its pods, the nodes (a kopf index fed by the node watch), the coordinator Service
+   (its clusterIP), the token Secret, and the coordinator's progress over its HTTP API;
+2. plan: `planner.plan(observed, now)`;
+3. write the status (a merge patch of what changed). Nothing else happens unless this succeeds;
+4. emit the plan's events (after the status write, so each transition is announced once);
+5. apply the actions in order: creates (409 AlreadyExists = done), deletes (the planner's grace period,
+   Background propagation), checkpoint requests to the coordinator.
+Counters and "already handled" marks live in the status the planner returns, so an operator restarted at any
+instant creates no duplicates and loses no counter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import kopf
+
+from . import api, planner, render
+from . import conditions as cond
+from .coordinator_client import CoordinatorClient, CoordinatorError, control_url
+from .kube import Kube
+from .metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+FINALIZER = "ftjob.dev/operator"  # kopf's daemons need one: it stops the daemon before the job is gone
+REPORTING_COMPONENT = "ftjob-operator"
+# Re-read the coordinator's progress this often while pods run, when nothing else wakes the loop.
+ACTIVE_POLL_SECONDS = 10.0
+IDLE_POLL_SECONDS = 60.0  # finished or suspended jobs: a safety net only
+DEBOUNCE_SECONDS = 0.1  # let a burst of watch events (a pod's status, then its deletion) end in one pass
+PERMANENT_ERROR_RETRY_SECONDS = 60.0
+CHECKPOINT_REQUEST_ATTEMPTS = 3
+NOTICE_MEMORY = timedelta(minutes=10)  # a termination notice older than this does not start a recovery clock
+
+
+@dataclass
+class Runtime:
+    """What the handlers share: created once by `run()`, reached through kopf's memo."""
+
+    namespaces: list[str]
+    kubeconfig: str | None
+    metrics_port: int
+    peering: str | None
+    metrics: Metrics = field(default_factory=Metrics)
+    kube: Kube | None = None
+    coordinator: CoordinatorClient | None = None
+    wakers: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+    # resourceVersion of our last status write, so its watch echo does not wake the loop again
+    written: dict[tuple[str, str], str] = field(default_factory=dict)
+    notices: dict[tuple[str, str], datetime] = field(default_factory=dict)  # first termination notice seen
+
+    def waker(self, namespace: str, name: str) -> asyncio.Event:
+        return self.wakers.setdefault((namespace, name), asyncio.Event())
+
+    def wake(self, namespace: str | None, name: str | None) -> None:
+        event = self.wakers.get((namespace or "", name or ""))
+        if event is not None:
+            event.set()
+
+    def wake_all(self) -> None:
+        for event in self.wakers.values():
+            event.set()
+
+
+def _runtime(memo: Any) -> Runtime:
+    return memo.runtime
+
+
+# --- operator lifecycle --------------------------------------------------------------------------------------
+@kopf.on.startup()
+async def connect_and_configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    rt = _runtime(memo)
+    settings.persistence.finalizer = FINALIZER
+    # The CRD's status schema is ftjob's own: keep kopf's bookkeeping in annotations, never in status.kopf.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=api.GROUP, key="last-handled-configuration"
+    )
+    # ftjob posts its own events (Preempted, Replaced, ...); kopf adds only warnings and errors (API trouble).
+    settings.posting.level = logging.WARNING
+    settings.posting.reporting_component = REPORTING_COMPONENT
+    rt.kube = await Kube.connect(rt.kubeconfig)
+    rt.coordinator = CoordinatorClient.create()
+    if rt.peering:
+        await rt.kube.ensure_peering(rt.peering, rt.namespaces)
+    if rt.metrics_port:
+        await rt.metrics.serve(rt.metrics_port)
+
+
+@kopf.on.login()
+async def login_with_operator_credentials(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
+    rt = _runtime(memo)
+    if rt.kube is None:
+        rt.kube = await Kube.connect(rt.kubeconfig)
+    return await rt.kube.connection_info()
+
+
+@kopf.on.cleanup()
+async def close_clients(memo: kopf.Memo, **_: Any) -> None:
+    rt = _runtime(memo)
+    await rt.metrics.close()
+    if rt.coordinator is not None:
+        await rt.coordinator.close()
+    if rt.kube is not None:
+        await rt.kube.close()
+
+
+# --- what wakes a job's loop ---------------------------------------------------------------------------------
+@kopf.index("", "v1", "nodes")
+def nodes_by_name(name: str, spec: kopf.Spec, **_: Any) -> dict[str, dict[str, Any]]:
+    """Node existence and taints, from the node watch (no list per pass)."""
+    return {name: {"metadata": {"name": name}, "spec": {"taints": list(spec.get("taints") or [])}}}
+
+
+@kopf.on.event("", "v1", "nodes")
+def wake_jobs_on_node_change(memo: kopf.Memo, type: str | None, **_: Any) -> None:
+    # A termination taint or a node gone concerns whichever jobs have pods there; a pass per job is cheap.
+    if type is not None:  # None: the initial listing, which the daemons' first pass covers anyway
+        _runtime(memo).wake_all()
+
+
+@kopf.on.event("", "v1", "pods", labels={render.LABEL_JOB_NAME: kopf.PRESENT})
+def wake_job_on_pod_change(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
+    _runtime(memo).wake(namespace, labels.get(render.LABEL_JOB_NAME))
+
+
+@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
+def wake_job_on_change(namespace: str, name: str, meta: kopf.Meta, memo: kopf.Memo, **_: Any) -> None:
+    rt = _runtime(memo)
+    if rt.written.get((namespace, name)) != meta.get("resourceVersion"):
+        rt.wake(namespace, name)
+
+
+# --- the per-job loop ----------------------------------------------------------------------------------------
+@kopf.daemon(api.GROUP, api.VERSION, api.PLURAL, cancellation_timeout=10.0, backoff=5.0)
+async def keep_training_job_converged(
+    namespace: str,
+    name: str,
+    uid: str,
+    body: kopf.Body,
+    stopped: kopf.DaemonStopped,
+    memo: kopf.Memo,
+    nodes_by_name: kopf.Index,
+    logger: logging.Logger,
+    **_: Any,
+) -> None:
+    rt = _runtime(memo)
+    key = (namespace, name)
+    wake = rt.waker(namespace, name)
+    try:
+        while not stopped:
+            wake.clear()  # events from now on mean "look again"
+            try:
+                timeout = await reconcile(rt, namespace, name, uid, nodes_by_name, logger)
+            except kopf.PermanentError as exc:
+                # Not worth a quick retry (403, 422, ...): say so on the job and wait for a change to it or its pods.
+                logger.error("cannot converge: %s", exc)
+                kopf.event(body, type="Warning", reason="ApiError", message=str(exc)[:1024])
+                timeout = PERMANENT_ERROR_RETRY_SECONDS
+            if timeout is None:
+                return  # the job is gone (or replaced by a new one of the same name)
+            await _sleep_until_woken(wake, stopped, timeout)
+    finally:
+        rt.metrics.forget(*key)
+        rt.written.pop(key, None)
+
+
+async def _sleep_until_woken(wake: asyncio.Event, stopped: kopf.DaemonStopped, timeout: float) -> None:
+    async def stop_requested() -> None:
+        await stopped.wait()
+
+    waiters = [asyncio.create_task(wake.wait()), asyncio.create_task(stop_requested())]
+    try:
+        await asyncio.wait(
+            waiters, timeout=max(timeout, DEBOUNCE_SECONDS), return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        for task in waiters:
+            task.cancel()
+    if wake.is_set() and not stopped:
+        await asyncio.sleep(DEBOUNCE_SECONDS)
+
+
+async def reconcile(
+    rt: Runtime, namespace: str, name: str, uid: str, nodes: kopf.Index, logger: logging.Logger
+) -> float | None:
+    """One pass. Returns seconds until the next pass, or None when the job no longer exists."""
+    assert rt.kube is not None
+    job = await rt.kube.get_job(namespace, name)
+    if job is None or (job.get("metadata") or {}).get("uid") != uid:
+        return None
+    observed = await observe(rt, job, [node for store in nodes.values() for node in store], logger)
+    now = datetime.now(timezone.utc)
+    plan = planner.plan(observed, now)
+    await apply(rt, job, plan, now, logger)
+    if plan.requeue_after is not None:
+        return plan.requeue_after
+    active = plan.status.get("phase") not in (*api.FINISHED_PHASES, "Suspended", "Invalid")
+    return ACTIVE_POLL_SECONDS if active else IDLE_POLL_SECONDS
+
+
+async def observe(
+    rt: Runtime, job: dict[str, Any], nodes: list[dict[str, Any]], logger: logging.Logger
+) -> planner.Observed:
+    assert rt.kube is not None
+    meta = job["metadata"]
+    namespace, name, uid = meta.get("namespace") or "default", meta["name"], meta.get("uid")
+    pods = await rt.kube.list_pods(namespace, f"{render.LABEL_JOB_NAME}={name}")
+    # Pods of an earlier job with the same name (still being garbage-collected) are not this job's.
+    pods = [p for p in pods if any(o.get("uid") == uid for o in (p["metadata"].get("ownerReferences") or []))]
+    service = await rt.kube.get_service(namespace, render.service_name(name))
+    secret = await rt.kube.get_secret(namespace, render.secret_name(name), render.TOKEN_KEY)
+    progress = await read_progress(rt, pods, service, secret.token, logger)
+    return planner.Observed(
+        job=job,
+        pods=pods,
+        nodes=nodes,
+        service=service,
+        secret_exists=secret.exists,
+        progress=progress,
+        new_token="" if secret.exists else secrets.token_urlsafe(32),
+    )
+
+
+def _coordinator_url(service: dict[str, Any] | None) -> str | None:
+    ip = ((service or {}).get("spec") or {}).get("clusterIP")
+    return control_url(ip) if ip and ip != "None" else None
+
+
+async def read_progress(
+    rt: Runtime,
+    pods: list[dict[str, Any]],
+    service: dict[str, Any] | None,
+    token: str,
+    logger: logging.Logger,
+) -> dict[str, Any] | None:
+    url = _coordinator_url(service)
+    ready = any(
+        planner.pod_role(p) == render.ROLE_COORDINATOR
+        and planner.pod_ready(p)
+        and not p["metadata"].get("deletionTimestamp")
+        for p in pods
+    )
+    if not (url and token and ready and rt.coordinator):
+        return None
+    try:
+        return await rt.coordinator.progress(url, token)
+    except CoordinatorError as exc:
+        logger.debug("no progress this pass: %s", exc)
+        return None
+
+
+async def apply(
+    rt: Runtime, job: dict[str, Any], plan: planner.Plan, now: datetime, logger: logging.Logger
+) -> None:
+    assert rt.kube is not None
+    meta = job["metadata"]
+    namespace, name = meta.get("namespace") or "default", meta["name"]
+    key = (namespace, name)
+    old_status = job.get("status") or {}
+    patch = planner.status_patch(old_status, plan.status)
+    if patch:
+        written = await rt.kube.patch_job_status(namespace, name, patch)
+        rt.written[key] = (written.get("metadata") or {}).get("resourceVersion", "")
+    rt.metrics.record(namespace, name, plan.status)
+    _observe_recovery(rt, key, old_status, plan, now)
+    for event in plan.of(planner.Event):
+        kopf.event(job, type=event.type, reason=event.reason, message=event.message)
+    for action in plan.actions:
+        if isinstance(action, planner.Create):
+            created = await rt.kube.create(namespace, action.manifest)
+            logger.info("%s %s %s", "created" if created else "already exists:", action.kind, action.name)
+        elif isinstance(action, planner.Delete):
+            gone = not await rt.kube.delete(
+                namespace, action.kind, action.name, grace_period_seconds=action.grace_period_seconds
+            )
+            logger.info(
+                "deleted %s %s%s%s",
+                action.kind,
+                action.name,
+                "" if action.grace_period_seconds is None else f" (grace {action.grace_period_seconds}s)",
+                " (already gone)" if gone else "",
+            )
+        elif isinstance(action, planner.RequestCheckpoint):
+            await request_checkpoint(rt, job, action.reason, logger)
+
+
+async def request_checkpoint(rt: Runtime, job: dict[str, Any], reason: str, logger: logging.Logger) -> None:
+    """POST /v1/checkpoint. The planner already recorded the request as handled, so a few quick retries here."""
+    assert rt.kube is not None and rt.coordinator is not None
+    meta = job["metadata"]
+    namespace, name = meta.get("namespace") or "default", meta["name"]
+    error = "the coordinator Service has no clusterIP"
+    url = _coordinator_url(await rt.kube.get_service(namespace, render.service_name(name)))
+    secret = await rt.kube.get_secret(namespace, render.secret_name(name), render.TOKEN_KEY)
+    for attempt in range(CHECKPOINT_REQUEST_ATTEMPTS if url else 0):
+        try:
+            rid = await rt.coordinator.request_checkpoint(url, secret.token, reason)
+            logger.info("checkpoint request %d sent to the coordinator: %s", rid, reason)
+            return
+        except CoordinatorError as exc:
+            error = str(exc)
+            await asyncio.sleep(0.5 * (attempt + 1))
+    logger.warning("checkpoint request (%s) did not reach the coordinator: %s", reason, error)
+    kopf.event(
+        job,
+        type="Warning",
+        reason="CheckpointRequestFailed",
+        message=f"{reason}: {error}"[:1024],
+    )
+
+
+def _observe_recovery(
+    rt: Runtime, key: tuple[str, str], old: dict[str, Any], plan: planner.Plan, now: datetime
+) -> None:
+    """Time to recover: from the notice (or the loss, the Preempted condition's persisted transition) until
+    the planner reports the desired workers ready again (Preempted -> False, reason Recovered)."""
+    if any(e.reason == cond.REASON_TERMINATION_NOTICE for e in plan.of(planner.Event)):
+        rt.notices.setdefault(key, now)
+    was = cond.find(old.get("conditions") or [], cond.PREEMPTED)
+    is_ = cond.find(plan.status.get("conditions") or [], cond.PREEMPTED)
+    if not (was and is_ and was.get("status") == cond.TRUE and is_.get("status") == cond.FALSE):
+        return
+    if is_.get("reason") != cond.REASON_RECOVERED:
+        return
+    start = planner.parse_time(was.get("lastTransitionTime")) or now
+    notice = rt.notices.pop(key, None)
+    if notice is not None and start - NOTICE_MEMORY < notice < start:
+        start = notice
+    rt.metrics.observe_recovery((now - start).total_seconds())
+
+
+# --- entry point ---------------------------------------------------------------------------------------------
+class _QuietWakeups(logging.Filter):
+    """kopf logs every successful event handler at INFO; the wake-ups fire on every pod and node change."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Handler 'wake_")
+
+
+def run(
+    namespaces: list[str],
+    kubeconfig: str | None,
+    log_level: str,
+    metrics_port: int,
+    peering: str | None,
+) -> int:
+    """`ftjob operator`: kopf standalone, or one of several replicas when `peering` names a kopf peering."""
+    logging.basicConfig(
+        level=getattr(logging, log_level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+    )
+    logging.getLogger("kopf.objects").addFilter(_QuietWakeups())
+    rt = Runtime(
+        namespaces=list(namespaces), kubeconfig=kubeconfig, metrics_port=metrics_port, peering=peering
+    )
+    # Peers of equal priority would all stay active (kopf only warns); a random priority per replica makes one
+    # active and the others standby until its keep-alives stop.
+    priority = secrets.randbelow(2**30) + 1 if peering else None
+    kopf.run(
+        clusterwide=not namespaces,
+        namespaces=list(namespaces),
+        standalone=peering is None,
+        peering_name=peering,
+        priority=priority,
+        memo=kopf.Memo(runtime=rt),
+    )
+    return 0
