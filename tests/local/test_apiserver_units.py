@@ -144,3 +144,13 @@ def test_protobuf_secret_envelope():
     assert decode(envelope) == {"apiVersion": "v1", "kind": "Secret", "type": "helm.sh/release.v1",
                                 "metadata": {"name": "s", "labels": {"owner": "helm"}},
                                 "data": {"release": "AAE="}}
+
+
+def test_printer_column_paths_follow_kubernetes_jsonpath():
+    from ftjob_local.apiserver.tables import parse_column_path
+    obj = {"metadata": {"labels": {"app.kubernetes.io/name": "x"}},
+           "status": {"conditions": [{"type": "A", "status": "False"}, {"type": "Ready", "status": "True"}]}}
+    found = lambda p: [m.value for m in parse_column_path(p).find(obj)]  # noqa: E731
+    assert found('.status.conditions[?(@.type=="Ready")].status') == ["True"]
+    assert found(r".metadata.labels.app\.kubernetes\.io/name") == ["x"]
+    assert found("{.status.conditions[0].type}") == ["A"]

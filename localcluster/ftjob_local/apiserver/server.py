@@ -900,6 +900,20 @@ class ApiServer:
                 errors.append(FieldError(f"spec.versions[{i}].schema.openAPIV3Schema.type",
                                          "Required value: must be object at the root", "FieldValueRequired"))
             errors += check_cel_rules(schema, f"spec.versions[{i}].schema.openAPIV3Schema")
+            for j, col in enumerate(v.get("additionalPrinterColumns") or []):
+                where = f"spec.versions[{i}].additionalPrinterColumns[{j}]"
+                for f in ("name", "type", "jsonPath"):
+                    if not col.get(f):
+                        errors.append(FieldError(f"{where}.{f}", "Required value", "FieldValueRequired"))
+                if col.get("type") and col["type"] not in ("integer", "number", "string", "boolean", "date"):
+                    errors.append(FieldError(f"{where}.type", f'Unsupported value: "{col["type"]}": supported '
+                                             'values: "boolean", "date", "integer", "number", "string"',
+                                             "FieldValueNotSupported"))
+                try:
+                    if col.get("jsonPath"):
+                        tables.parse_column_path(col["jsonPath"])
+                except Exception as e:  # jsonpath-ng raises several parse error types
+                    errors.append(FieldError(f"{where}.jsonPath", f'Invalid value: "{col["jsonPath"]}": {e}'))
             v.setdefault("served", True)
             v.setdefault("storage", False)
         if errors:

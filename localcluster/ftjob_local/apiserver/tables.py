@@ -176,8 +176,47 @@ BUILTIN_COLUMNS: dict[tuple[str, str], list[Column]] = {
 }
 
 
+def _to_jsonpath_ng(path: str) -> str:
+    """Kubernetes JSONPath escapes dots in keys (`.metadata.labels.app\\.kubernetes\\.io/name`); jsonpath-ng wants
+    such keys quoted."""
+    parts, cur, i = [], "", 0
+    path = path.strip()
+    if path.startswith("{") and path.endswith("}"):
+        path = path[1:-1]
+    path = path.lstrip(".")
+    depth = 0
+    while i < len(path):
+        ch = path[i]
+        if ch == "\\" and i + 1 < len(path):
+            cur += path[i + 1]
+            i += 2
+            continue
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "." and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+        i += 1
+    parts.append(cur)
+    out = []
+    for part in parts:
+        head, bracket, rest = part.partition("[")
+        if head and not head.replace("_", "a").replace("-", "a").isalnum():
+            head = "'" + head.replace("'", "\\'") + "'"
+        out.append(head + bracket + rest)
+    return ".".join(out) or "$"
+
+
+def parse_column_path(path: str) -> Any:
+    return jsonpath_parse(_to_jsonpath_ng(path))
+
+
 def _jsonpath_getter(path: str, kind: str) -> Callable[[dict[str, Any]], Any]:
-    expr = jsonpath_parse(path.lstrip(".") or "$")
+    expr = parse_column_path(path)
 
     def get(obj: dict[str, Any]) -> Any:
         found = [m.value for m in expr.find(obj)]
