@@ -347,6 +347,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ftjob demo: no manifest at {args.manifest}; run from an ftjob checkout or pass --manifest",
               file=sys.stderr)
         return 2
+    if args.state_dir is not None and (args.state_dir / "objects.sqlite").exists():
+        print(f"ftjob demo: {args.state_dir} holds an earlier cluster's objects; pass a fresh --state-dir (or none "
+              "for a temporary one)", file=sys.stderr)
+        return 2
     from rich.console import Console
 
     console = Console()
@@ -436,32 +440,35 @@ def watch(session: Session, obs: Observations, console, *, steps: int, preempt_a
 
     deadline = time.monotonic() + timeout
     status: dict = {}
-    with Live(console=console, refresh_per_second=4, transient=False) as live:
-        while True:
-            if time.monotonic() > deadline:
-                raise DemoError(f"the job did not finish within {timeout:g}s; phase {status.get('phase')}; see "
-                                f"kubectl describe tj {obs.job_name} and {session.cluster.log_dir}")
-            now = time.time()
-            job = session.job(obs.job_name) or {}
-            status = job.get("status") or {}
-            for p in session.pods(obs.job_name):
-                obs.pod_seen.setdefault(p["metadata"]["name"], now)
-            workers = status.get("workers") or {}
-            sample = Sample(now, status.get("step"), status.get("phase"), workers.get("ready", 0),
-                            workers.get("desired", 0), status.get("preemptions", 0), status.get("failures", 0))
-            obs.samples.append(sample)
-            live.update(progress_table(obs, sample, steps, status))
-            if status.get("phase") in ("Succeeded", "Failed"):
-                return status
-            if (obs.notice_at is None and (sample.step or 0) >= preempt_at
-                    and sample.ready >= max(1, sample.desired)):
-                node = session.node_of_worker(obs.job_name)
-                if node:
-                    request_preemption(session.kube, node, notice=notice, replace_after=replace_after)
-                    obs.notice_at, obs.preempted_node = time.time(), node
-                    live.console.print(f"[bold red]preempting {node}[/] at step {sample.step}: {notice:g}s notice, "
-                                       f"a fresh spot node registers after {replace_after:g}s")
-            time.sleep(0.25)
+    try:
+        with Live(console=console, refresh_per_second=4, transient=False) as live:
+            while True:
+                if time.monotonic() > deadline:
+                    raise DemoError(f"the job did not finish within {timeout:g}s; phase {status.get('phase')}; see "
+                                    f"kubectl describe tj {obs.job_name} and {session.cluster.log_dir}")
+                now = time.time()
+                job = session.job(obs.job_name) or {}
+                status = job.get("status") or {}
+                for p in session.pods(obs.job_name):
+                    obs.pod_seen.setdefault(p["metadata"]["name"], now)
+                workers = status.get("workers") or {}
+                sample = Sample(now, status.get("step"), status.get("phase"), workers.get("ready", 0),
+                                workers.get("desired", 0), status.get("preemptions", 0), status.get("failures", 0))
+                obs.samples.append(sample)
+                live.update(progress_table(obs, sample, steps, status))
+                if status.get("phase") in ("Succeeded", "Failed"):
+                    return status
+                if (obs.notice_at is None and (sample.step or 0) >= preempt_at
+                        and sample.ready >= max(1, sample.desired)):
+                    node = session.node_of_worker(obs.job_name)
+                    if node:
+                        request_preemption(session.kube, node, notice=notice, replace_after=replace_after)
+                        obs.notice_at, obs.preempted_node = time.time(), node
+                        live.console.print(f"[bold red]preempting {node}[/] at step {sample.step}: {notice:g}s notice, "
+                                           f"a fresh spot node registers after {replace_after:g}s")
+                time.sleep(0.25)
+    finally:
+        console.line()  # the live table's last frame ends without a newline when the output is not a terminal
 
 
 def progress_table(obs: Observations, s: Sample, steps: int, status: dict):
