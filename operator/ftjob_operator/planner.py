@@ -729,11 +729,7 @@ class _Planner:
                 self.event(
                     cond.WARNING, cond.REASON_PREEMPTED, f"{loss.role} {loss.pod} preempted: {loss.why}"
                 )
-            elif (
-                loss.role == render.ROLE_WORKER
-                and coordinator_lost_at is not None
-                and (self.now - coordinator_lost_at).total_seconds() <= COORDINATOR_COLLATERAL_SECONDS
-            ):
+            elif loss.role == render.ROLE_WORKER and self.coordinator_collateral(coordinator_lost_at):
                 self.event(
                     cond.NORMAL,
                     cond.REASON_LOST_WITH_COORDINATOR,
@@ -757,6 +753,16 @@ class _Planner:
         if failure is None:
             return False
         return self.fail_or_restart(failure)
+
+    def coordinator_collateral(self, lost_at: datetime | None) -> bool:
+        """Workers that stop while the coordinator is down, or soon after it came back, are not to blame."""
+        if lost_at is None:
+            return False
+        backoff = parse_time(self.st.backoff_until)
+        recovering = backoff is not None and self.now < backoff + timedelta(
+            seconds=COORDINATOR_COLLATERAL_SECONDS
+        )
+        return recovering or (self.now - lost_at).total_seconds() <= COORDINATOR_COLLATERAL_SECONDS
 
     def fail_or_restart(self, loss: Loss) -> bool:
         policy = self.spec.failure_policy
@@ -783,11 +789,27 @@ class _Planner:
             cond.REASON_WORKER_FAILED if loss.role == render.ROLE_WORKER else cond.REASON_COORDINATOR_FAILED
         )
         self.event(cond.WARNING, reason, f"{described} ({self.st.failures}/{policy.max_failures} failures)")
-        if loss.role == render.ROLE_COORDINATOR:
-            return False  # recreate the coordinator; workers rejoin and resume from the last checkpoint
-        # Restart the whole job: the current pods become an older generation (deleted next pass).
         delay = backoff_seconds(policy, self.ref.uid, self.st.failures)
         until = self.now + timedelta(seconds=math.ceil(delay))
+        if loss.role == render.ROLE_COORDINATOR:
+            # Recreate only the coordinator, after the backoff (a crash-looping one must not burn the budget in
+            # seconds); the workers rejoin it and resume from the last committed checkpoint.
+            self.st.backoff_until = fmt_time(until)
+            self.st.phase = "Restarting"
+            self.condition(
+                cond.RESTARTING,
+                cond.TRUE,
+                cond.REASON_RESTART_BACKOFF,
+                f"recreating the coordinator after {described}",
+            )
+            self.clear(cond.RUNNING, cond.REASON_RESTART_BACKOFF, "the coordinator failed")
+            self.event(
+                cond.NORMAL, cond.REASON_RESTART_BACKOFF, f"recreating the coordinator in {math.ceil(delay)}s"
+            )
+            self.summarize()
+            self.requeue_in(FOLLOW_UP_SECONDS)
+            return True
+        # Restart the whole job: the current pods become an older generation (deleted next pass).
         self.st.restart_generation += 1
         self.st.restarts += 1
         self.st.backoff_until = fmt_time(until)
@@ -905,13 +927,9 @@ class _Planner:
         coordinators = self.alive(render.ROLE_COORDINATOR)
         if not coordinators and not pending_coord:
             self.create(render.render_coordinator_pod(ref, spec, index=self.next_index(), generation=gen))
-            lost = [
-                n
-                for n in self.st.retired_pods
-                if not self.is_worker_name(n) and n not in self.prev.retired_pods
-            ]
-            if lost:
-                self.event(cond.NORMAL, cond.REASON_COORDINATOR_REPLACED, f"replaced {', '.join(lost)}")
+            if any(pod_role(p) == render.ROLE_WORKER for p in self.current):
+                # Workers of this generation outlived their coordinator: this one replaces it.
+                self.event(cond.NORMAL, cond.REASON_COORDINATOR_REPLACED, "created a new coordinator")
         retired = set(self.st.retired_pods)
         workers = [p for p in self.alive(render.ROLE_WORKER) if pod_name(p) not in retired]
         pending_workers = [n for n in self.st.pending_pods if self.is_worker_name(n)]

@@ -351,18 +351,26 @@ def test_backoff_doubles_is_capped_and_jitter_is_deterministic(failures, low, hi
     assert delay != planner.backoff_seconds(policy, "another-uid", failures)
 
 
-def test_a_crashed_coordinator_is_recreated_and_its_collateral_workers_are_not_blamed():
+def test_a_crashed_coordinator_is_recreated_after_backoff_and_its_collateral_workers_are_not_blamed():
     store = started()
     store.exit("tj-coordinator-0", 1, "Error")
     p = plan(store.observe(), NOW)
-    assert p.status["failures"] == 1 and p.status["restartGeneration"] == 0
-    assert [n for n in pods_created(p) if "coordinator" in n] == ["tj-coordinator-3"]
+    assert (
+        p.status["failures"] == 1 and p.status["restartGeneration"] == 0 and p.status["phase"] == "Restarting"
+    )
+    assert not pods_created(p)  # a crash-looping coordinator must not burn the budget in seconds
     store.apply(p)
     converge(store, at(1))
     store.exit(store.names("worker")[0], 1, "Error")  # its store went away
-    p2 = plan(store.observe(), at(30))
+    p2 = plan(store.observe(), at(5))
     assert (p2.status["failures"], p2.status["restartGeneration"]) == (1, 0)
-    assert "LostWithCoordinator" in reasons(p2) and len(pods_created(p2)) == 1
+    assert "LostWithCoordinator" in reasons(p2) and not pods_created(p2)
+    store.apply(p2)
+    converge(store, at(10))  # backoff over (base 10 s)
+    assert store.names("coordinator") == ["tj-coordinator-3"] and len(store.names("worker")) == 2
+    assert "CoordinatorReplaced" in [e.reason for e in store.events]
+    assert store.status["phase"] == "Running" and condition(store.status, "Restarting")["status"] == "False"
+    assert (store.status["failures"], store.status["restarts"]) == (1, 0)
 
 
 def test_a_preempted_coordinator_counts_as_a_preemption():
@@ -551,6 +559,10 @@ def _scenario_coordinator(store: Store, t) -> None:
     store.preempt(store.names("coordinator")[0])
 
 
+def _scenario_coordinator_crash(store: Store, t) -> None:
+    store.exit(store.names("coordinator")[0], 1)
+
+
 SCENARIOS = {
     "preemption": _scenario_preemption,
     "failure": _scenario_failure,
@@ -558,6 +570,7 @@ SCENARIOS = {
     "suspend": _scenario_suspend,
     "success": _scenario_success,
     "coordinator preempted": _scenario_coordinator,
+    "coordinator crashed": _scenario_coordinator_crash,
 }
 COUNTERS = ("preemptions", "failures", "restarts", "restartGeneration", "phase")
 # What each scenario ends in without a crash: (preemptions, failures, restarts, restartGeneration, phase, workers).
@@ -568,6 +581,7 @@ EXPECTED = {
     "suspend": (0, 0, 0, 1, "Suspended", 0),
     "success": (0, 0, 0, 0, "Succeeded", 0),
     "coordinator preempted": (1, 0, 0, 0, "Running", 2),
+    "coordinator crashed": (0, 1, 0, 0, "Running", 2),
 }
 
 
