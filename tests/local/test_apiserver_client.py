@@ -156,10 +156,13 @@ def test_invalid_objects_are_refused_with_causes(api):
 def test_patch_types(api):
     core = client.CoreV1Api(api)
     core.create_namespaced_pod(NS, pod_body("p", {"a": "1"}))
-    # strategic merge: containers merge by name, env by name
-    core.patch_namespaced_pod("p", NS, {"spec": {"containers": [{"name": "main", "env": [{"name": "X", "value": "1"}]}]}})
+    # strategic merge: containers merge by name (the image is the one container field a pod may change)
+    core.patch_namespaced_pod("p", NS, {"spec": {"containers": [{"name": "main", "image": "python:3.13"}]}})
     pod = core.read_namespaced_pod("p", NS)
-    assert pod.spec.containers[0].image == "python:3.12" and pod.spec.containers[0].env[0].name == "X"
+    assert pod.spec.containers[0].image == "python:3.13" and pod.spec.containers[0].command == ["true"]
+    with pytest.raises(ApiException) as e:
+        core.patch_namespaced_pod("p", NS, {"spec": {"containers": [{"name": "main", "env": [{"name": "X"}]}]}})
+    assert status_of(e.value) == (422, "Invalid") and "pod updates may not change fields" in e.value.body
     # JSON merge patch: null removes
     core.patch_namespaced_pod("p", NS, {"metadata": {"labels": {"a": None, "b": "2"}}},
                               _content_type="application/merge-patch+json")

@@ -137,11 +137,14 @@ def test_apply_get_describe_label_annotate_delete_core_objects(cluster):
     assert svc[1][4] == "80/TCP"
 
     # kubectl apply of a changed manifest: strategic merge from the last-applied annotation
-    changed = CORE.replace('value: "1"', 'value: "2"')
+    changed = CORE.replace("image: python:3.12", "image: python:3.13")
     assert "pod/web configured" in kubectl(cluster, "apply", "-f", "-", stdin=changed).stdout
     pod = json.loads(kubectl(cluster, "get", "pod", "web", "-o", "json").stdout)
-    assert pod["spec"]["containers"][0]["env"] == [{"name": "A", "value": "2"}]
-    assert pod["spec"]["containers"][0]["image"] == "python:3.12"
+    assert pod["spec"]["containers"][0]["image"] == "python:3.13"
+    assert pod["spec"]["containers"][0]["env"] == [{"name": "A", "value": "1"}]
+    # ...but like a real cluster, the rest of a pod's spec is fixed
+    refused = kubectl(cluster, "apply", "-f", "-", stdin=changed.replace('value: "1"', 'value: "2"'), check=False)
+    assert refused.returncode != 0 and "pod updates may not change fields" in refused.stderr
 
     kubectl(cluster, "label", "pod", "web", "tier=front")
     kubectl(cluster, "annotate", "pod", "web", "note=hello")
@@ -151,7 +154,7 @@ def test_apply_get_describe_label_annotate_delete_core_objects(cluster):
     assert kubectl(cluster, "get", "pods", "-l", "tier=front", "-o", "name").stdout.split() == ["pod/web"]
 
     described = kubectl(cluster, "describe", "pod", "web").stdout
-    assert "Name:" in described and "web" in described and "python:3.12" in described
+    assert "Name:" in described and "web" in described and "python:3.13" in described
 
     kubectl(cluster, "delete", "-f", "-", stdin=CORE)
     assert "No resources found" in kubectl(cluster, "get", "pods,svc,cm", "-l", "app=web").stderr

@@ -775,6 +775,13 @@ class ApiServer:
                 spec.get("nodeName") != old["spec"]["nodeName"]:
             errors.append(FieldError("spec.nodeName", "Forbidden: pod updates may not change nodeName once set",
                                      "FieldValueForbidden"))
+        elif old is not None and _pod_spec_fixed_part(spec) != _pod_spec_fixed_part(old.get("spec") or {}):
+            # As in Kubernetes: what a real cluster refuses must fail here too, not only in production.
+            errors.append(FieldError("spec", "Forbidden: pod updates may not change fields other than "
+                                     "`spec.containers[*].image`, `spec.initContainers[*].image`, "
+                                     "`spec.activeDeadlineSeconds`, `spec.tolerations` (only additions to existing "
+                                     "tolerations), `spec.terminationGracePeriodSeconds`; delete and recreate the "
+                                     "pod instead", "FieldValueForbidden"))
         if errors:
             raise invalid(rt.kind, rt.group, obj["metadata"]["name"], errors)
         spec.setdefault("restartPolicy", "Always")
@@ -1332,6 +1339,19 @@ def ALL_VERBS_FOR(rt: ResourceType) -> list[str]:  # noqa: N802 (reads like the 
 
 def _dry_run(params: Any) -> bool:
     return bool(params.get("dryRun")) if hasattr(params, "get") else False
+
+
+def _pod_spec_fixed_part(spec: dict[str, Any]) -> dict[str, Any]:
+    """The part of a pod spec that may not change after creation (nodeName is set once, by binding)."""
+    fixed = copy.deepcopy(spec)
+    for kind in ("containers", "initContainers"):
+        for c in fixed.get(kind) or []:
+            if isinstance(c, dict):
+                c.pop("image", None)
+    for key in ("activeDeadlineSeconds", "tolerations", "terminationGracePeriodSeconds", "schedulingGates",
+                "nodeName"):
+        fixed.pop(key, None)
+    return fixed
 
 
 def _qos_class(spec: dict[str, Any]) -> str:
