@@ -151,6 +151,11 @@ def test_invalid_objects_are_refused_with_causes(api):
     fields = {c["field"] for c in body["details"]["causes"]}
     assert fields == {"metadata.name", "spec.containers[0].image"}
     assert core.list_namespaced_pod(NS).items == []
+    with pytest.raises(ApiException) as e:
+        core.create_namespaced_config_map(NS, {"metadata": {"name": "c", "labels": {"a": "x" * 64, "b/c/d": "1"}}})
+    causes = json.loads(e.value.body)["details"]["causes"]
+    assert [c["field"] for c in causes] == ["metadata.labels", "metadata.labels"]
+    assert "must be no more than 63 characters" in causes[0]["message"]
 
 
 def test_patch_types(api):

@@ -728,6 +728,9 @@ class ApiServer:
                                       not all(isinstance(v, str) for v in value.values())):
                 raise invalid(rt.kind, rt.group, name, [FieldError(f"metadata.{field}",
                               "Invalid value: must be a map of string keys to string values")])
+        label_errors = _label_errors(meta.get("labels") or {})
+        if label_errors:
+            raise invalid(rt.kind, rt.group, name, label_errors)
         if rt.crd is not None:
             self._admit_custom(rt, version, obj, old, params)
             return
@@ -763,6 +766,9 @@ class ApiServer:
                 if not isinstance(c, dict) or not c.get("name"):
                     errors.append(FieldError(f"spec.{kind}[{i}].name", "Required value", "FieldValueRequired"))
                     continue
+                if len(c["name"]) > 63 or not _DNS1123_LABEL.match(c["name"]):
+                    errors.append(FieldError(f"spec.{kind}[{i}].name", f'Invalid value: "{c["name"]}": a lowercase '
+                                             "RFC 1123 label of at most 63 characters"))
                 if not c.get("image"):
                     errors.append(FieldError(f"spec.{kind}[{i}].image", "Required value", "FieldValueRequired"))
                 c.setdefault("terminationMessagePath", "/dev/termination-log")
@@ -1339,6 +1345,29 @@ def ALL_VERBS_FOR(rt: ResourceType) -> list[str]:  # noqa: N802 (reads like the 
 
 def _dry_run(params: Any) -> bool:
     return bool(params.get("dryRun")) if hasattr(params, "get") else False
+
+
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+
+
+def _label_errors(labels: dict[str, str]) -> list[FieldError]:
+    """Label keys and values as Kubernetes validates them (a label that a real cluster refuses fails here too)."""
+    errors = []
+    for key, value in labels.items():
+        prefix, _, label = key.rpartition("/")
+        if (prefix and (len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix))) or len(label) > 63 \
+                or not _LABEL_NAME.match(label):
+            errors.append(FieldError("metadata.labels", f'Invalid value: "{key}": a label key is an optional DNS '
+                                     "subdomain prefix and '/' followed by a name of at most 63 alphanumeric "
+                                     "characters, '-', '_' or '.', starting and ending with an alphanumeric"))
+        if len(value) > 63:
+            errors.append(FieldError("metadata.labels", f'Invalid value: "{value}": must be no more than 63 '
+                                     "characters"))
+        elif value and not _LABEL_NAME.match(value):
+            errors.append(FieldError("metadata.labels", f'Invalid value: "{value}": a valid label must be an empty '
+                                     "string or consist of alphanumeric characters, '-', '_' or '.', and must start "
+                                     "and end with an alphanumeric character"))
+    return errors
 
 
 def _pod_spec_fixed_part(spec: dict[str, Any]) -> dict[str, Any]:
