@@ -276,10 +276,31 @@ class Checkpointer:
             self.inflight.staging = None
 
     def poll(self) -> tuple[int, str, int | None] | None:
-        """Non-blocking: if the in-flight async save has finished writing, commit it. Returns (step, path, request)."""
-        if self.inflight and self.inflight.upload is not None and self.inflight.upload.done():
+        """Non-blocking: if the in-flight async save has finished writing, commit it. Returns (step, path, request).
+        A background save that failed (disk full, a lost peer) is logged and dropped: training goes on and the
+        last committed checkpoint stays the one to resume from (DCP raises the failure on every rank alike)."""
+        f = self.inflight
+        if f is None or f.upload is None or not f.upload.done():
+            return None
+        try:
             return self._finish()
-        return None
+        except Exception as e:  # noqa: BLE001 - any failure of the background write means: not committed
+            log.error(
+                "async checkpoint of step %d failed (%s: %s); not committed, the last committed one stays %s",
+                f.step,
+                type(e).__name__,
+                e,
+                self.last_committed[1] if self.last_committed else None,
+            )
+            if self.rank == 0:
+                shutil.rmtree(f.tmp, ignore_errors=True)
+            return None
+
+    def pending_seconds(self) -> float:
+        """A guess of how long the in-flight save still needs (its measured duration minus its age)."""
+        if self.inflight is None:
+            return 0.0
+        return max(0.0, (self.save_seconds or 0.0) - (time.monotonic() - self.inflight.started))
 
     def drain(self) -> tuple[int, str, int | None] | None:
         """Wait for an in-flight save and commit it (before exit, before the next save)."""

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from datetime import datetime, timezone
@@ -159,8 +160,21 @@ class Coordinator:
     def __init__(self, host: str, store_port: int, control_port: int, token: str):
         from torch.distributed import TCPStore  # imported here: the HTTP half needs no torch
 
+        # TCPStore's server listens on every address of the machine whatever host it is given. Bind the socket to
+        # `host` here and hand it over, so the store holds only the pod's address: on the local cluster all pods
+        # share one network namespace and the Service proxy already listens on <clusterIP>:29400.
+        self._listener: socket.socket | None = None
+        listen_fd = None
+        if host not in ("", "0.0.0.0", "::"):
+            self._listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._listener.bind((host, store_port))
+            self._listener.listen(512)
+            store_port, listen_fd = self._listener.getsockname()[1], self._listener.fileno()
         # wait_for_workers=False: the store serves agents as they come and go; it belongs to no worker
-        self.store = TCPStore(host, store_port, is_master=True, wait_for_workers=False)
+        self.store = TCPStore(
+            host, store_port, is_master=True, wait_for_workers=False, master_listen_fd=listen_fd
+        )
         self.state = State()
         self.http = ThreadingHTTPServer((host, control_port), make_handler(self.state, token))
         self.http.daemon_threads = True

@@ -235,7 +235,8 @@ class Trainer:
         if estimate is None:
             return NO_DEFICIT  # never measured: try (the previous checkpoint stays intact if it is cut short)
         left = self.cfg.checkpoint.save_deadline_seconds - (time.monotonic() - self.signals.at)
-        return estimate * SAVE_MARGIN - left
+        # a background save still writing must be drained first: its remaining time counts too
+        return (estimate + self.ckpt.pending_seconds()) * SAVE_MARGIN - left
 
     def stop(self, step: int, deficit: float) -> int:
         reason = contract.REASON_PREEMPTED if self.signals.received else contract.REASON_PEER
