@@ -833,10 +833,16 @@ class ApiServer:
         obj.setdefault("status", {"loadBalancer": {}})
 
     def _allocate_cluster_ip(self) -> str:
+        """A random free address, as Kubernetes allocates them: two local clusters running on one machine at the
+        same time (parallel test runs) then rarely hand out the same address to services on the same port."""
         taken = {(s.get("spec") or {}).get("clusterIP") for s in self.store.list(SVC_KEY)}
-        for host in CLUSTER_IP_NET.hosts():
-            if str(host) not in taken:
-                return str(host)
+        first = int(CLUSTER_IP_NET.network_address) + 1
+        size = CLUSTER_IP_NET.num_addresses - 2
+        start = random.randrange(size)
+        for i in range(size):
+            ip = str(ipaddress.ip_address(first + (start + i) % size))
+            if ip not in taken:
+                return ip
         raise ApiError(500, "InternalError", "the service IP range 127.96.0.0/16 is full")
 
     def _admit_namespaces(self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
