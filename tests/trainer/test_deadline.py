@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 
 import pytest
 from trainer_testlib import TINY, finish, list_steps, log_of, read_json, report_step, wait_for
@@ -42,3 +43,22 @@ def test_save_that_cannot_fit_is_skipped_and_the_last_committed_kept(procs, tmp_
     assert "miss the" in term["message"] and "kept the last committed checkpoint" in term["message"]
     assert doc["preemption_saves"] == 0 and doc["last_checkpoint_step"] == kept
     assert "miss the" in log_of(p)
+
+
+def test_signal_right_after_resume_stops_without_a_second_save(procs, tmp_path):
+    """A stop before the first step of a resumed run: the resumed step is already committed, nothing to save."""
+    ckpt = tmp_path / "ckpt"
+    args = [*TINY, "--checkpoint-dir", str(ckpt), "--termination-log", str(tmp_path / "term")]
+    p = procs.start([sys.executable, "-m", "ftjob_trainer.train", *args, "--steps", "3"], name="a")
+    assert finish(p) == 0
+    p = procs.start([sys.executable, "-m", "ftjob_trainer.train", *args, "--steps", "400"], name="b")
+    wait_for(lambda: "resumed from" in log_of(p), timeout=120, proc=p, what="the resume")
+    p.send_signal(signal.SIGTERM)
+    assert finish(p) == 75, log_of(p)[-3000:]
+    term = read_json(tmp_path / "term")
+    assert (
+        term["reason"] == "preempted"
+        and term["step"] >= 3
+        and term["checkpoint"] == str(ckpt / f"step-{term['step']:09d}")
+    )
+    assert list_steps(ckpt)[-1] == term["step"]

@@ -169,6 +169,10 @@ class Trainer:
         report_every = min(cfg.run.log_every, REPORT_EVERY_MAX)
         tokens_per_step = cfg.data.global_batch_size * cfg.data.seq_len
         t0, steps_timed = time.perf_counter(), 0
+        if step < cfg.run.steps:  # a signal during startup or loading: stop before training a step
+            agreed = agree(self.signals.received is not None, 0, self.deficit())
+            if agreed.stop:
+                return self.stop(step, agreed.deficit)
         while step < cfg.run.steps:
             loss = self.engine.train_step(
                 self.batches.micro_batches(step), before_optimizer=self.ckpt.wait_for_staging
@@ -260,6 +264,10 @@ class Trainer:
             log.warning(msg)
             return self.terminate(step, contract.REASON_DEADLINE, contract.EXIT_RESTART, msg)
         t = time.monotonic()
+        last = self.ckpt.last_committed
+        if last and last[0] == step and self.ckpt.inflight is None:  # e.g. stopped right after resuming
+            msg = f"stopped at step {step} on {who}; this step is already committed as {last[1]}"
+            return self.terminate(step, reason, contract.EXIT_RESTART, msg)
         self.report["preemption_saves"] += 1
         path = self.ckpt.save(step, self.meta(step, reason), asynchronous=False)
         self.on_commit(step, path, None)
