@@ -471,3 +471,14 @@ def test_watch_ends_after_timeout_seconds_and_bad_requests_get_status_errors(ser
     assert (s["code"], s["reason"]) == (404, "NotFound")
     s = status("GET", "/api/v1/namespaces/default/configmaps?labelSelector=a%20b%20c")
     assert s["code"] == 400 and "unable to parse requirement" in s["message"]
+
+
+def test_events_expire_after_the_event_ttl(server, api):
+    import datetime as dt
+    core = client.CoreV1Api(api)
+    ref = {"kind": "Pod", "name": "p", "namespace": NS}
+    core.create_namespaced_event(NS, {"metadata": {"name": "old"}, "involvedObject": ref, "reason": "R",
+                                      "lastTimestamp": "2020-01-01T00:00:00Z"})
+    core.create_namespaced_event(NS, {"metadata": {"name": "new"}, "involvedObject": ref, "reason": "R"})
+    assert server.call(server.server.expire_events, dt.datetime.now(dt.timezone.utc)) == 1
+    assert [e.metadata.name for e in core.list_namespaced_event(NS).items] == ["new"]

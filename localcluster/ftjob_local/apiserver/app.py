@@ -9,6 +9,7 @@ import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
@@ -46,6 +47,16 @@ class ServerHandle:
     url: str
     server: ApiServer
     stop: Callable[[], None]
+    loop: asyncio.AbstractEventLoop | None = None
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run `fn(*args)` on the server's event loop (the only thread that may touch its state)."""
+        assert self.loop is not None
+
+        async def run() -> Any:
+            return fn(*args)
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout=30)
 
 
 def start_in_thread(state_dir: str, port: int = 0, host: str = "127.0.0.1") -> ServerHandle:
@@ -89,7 +100,7 @@ def start_in_thread(state_dir: str, port: int = 0, host: str = "127.0.0.1") -> S
         thread.join(timeout=10)
         server.store.close()
 
-    return ServerHandle(url, server, stop)
+    return ServerHandle(url, server, stop, loop)
 
 
 def run_forever(state_dir: str, port: int, host: str = "127.0.0.1") -> None:

@@ -51,6 +51,8 @@ PDB_KEY: Key = ("policy", "poddisruptionbudgets")
 INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 CLUSTER_IP_NET = ipaddress.ip_network("127.96.0.0/16")
 BOOKMARK_EVERY_S = 5.0
+EVENT_TTL_S = 3600.0  # kube-apiserver --event-ttl default
+HOUSEKEEPING_EVERY_S = 60.0
 LOG_POLL_S = 0.2
 VERSION_INFO = {"major": "1", "minor": "32", "gitVersion": "v1.32.0-ftjob-local", "gitCommit": "0" * 40,
                 "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.23.0",
@@ -123,6 +125,31 @@ class ApiServer:
         self.address = ""
         self.app = web.Application(middlewares=[self._errors], client_max_size=64 * 1024 * 1024)
         self.app.router.add_route("*", "/{tail:.*}", self._dispatch)
+        self.app.cleanup_ctx.append(self._housekeeping)
+
+    async def _housekeeping(self, app: web.Application) -> Any:
+        """Background duties of the real control plane that clients rely on: events expire after EVENT_TTL_S."""
+        async def loop() -> None:
+            while True:
+                self.expire_events()
+                await asyncio.sleep(HOUSEKEEPING_EVERY_S)
+
+        task = asyncio.create_task(loop())
+        yield
+        task.cancel()
+
+    def expire_events(self, now: dt.datetime | None = None) -> int:
+        now = now or dt.datetime.now(dt.timezone.utc)
+        expired = 0
+        for key in (("", "events"), ("events.k8s.io", "events")):
+            rt = self.registry.types[key]
+            for ev in self.store.list(key):
+                seen = tables.parse_time(ev.get("lastTimestamp") or ev.get("eventTime") or
+                                         ev["metadata"].get("creationTimestamp"))
+                if seen is not None and (now - seen).total_seconds() > EVENT_TTL_S:
+                    self.delete(rt, ev["metadata"].get("namespace", ""), ev["metadata"]["name"], {})
+                    expired += 1
+        return expired
 
     def logs_dir(self, ns: str, pod: str) -> str:
         """Where the kubelet writes container output: DIR/logs/<namespace>/<pod>/<container>.log."""
@@ -326,6 +353,10 @@ class ApiServer:
                 obj = self.delete(rt, ns, name, self._delete_options(params, body))
                 return _json(self.out(rt, version, obj))
             raise method_not_allowed(f"{method} is not supported on {rt.qualified()}")
+        if rt.key == POD_KEY and sub in ("exec", "attach", "portforward", "proxy"):
+            raise bad_request(f"pods/{sub} is not supported by the ftjob local cluster: a pod's containers are "
+                              f"processes on this machine (see `kubectl logs {name}`; their output is under "
+                              f"{self.logs_dir(ns, name)})")
         if sub not in rt.served_subresources(version):
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({request.path})")
         if sub == "log":
