@@ -47,6 +47,7 @@ LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) rank(\d+) (\w+) 
 STEP = re.compile(r"^step (\d+) loss")
 COMMITTED = re.compile(r"^checkpoint step (\d+) committed at (\S+) in ([\d.]+)s")
 RESUMED = re.compile(r"^resumed from (\S+) \(step (\d+)")
+REQUESTED = re.compile(r"^saving step (\d+) for coordinator request")
 EXIT = re.compile(r"^exit (\d+) \(([\w-]+)\): (.*)$")
 STOPPED_AT = re.compile(r"stopped at step (\d+)")
 AFTER_SIGNAL = re.compile(r"\(([\d.]+)s after the signal\)")
@@ -62,7 +63,7 @@ class LogRecord:
     t: float  # seconds since the epoch
     pod: str
     rank: int
-    kind: str  # config | sharded | step | committed | resumed | exit
+    kind: str  # config | sharded | step | requested | committed | resumed | exit
     step: int | None = None
     text: str = ""
     exit_code: int | None = None
@@ -90,6 +91,8 @@ def parse_trainer_log(text: str, pod: str) -> list[LogRecord]:
             out.append(LogRecord(t, pod, r, "committed", int(c.group(1)), msg))
         elif (c := RESUMED.match(msg)) and logger.endswith("checkpoint"):
             out.append(LogRecord(t, pod, r, "resumed", int(c.group(2)), msg))
+        elif logger == "ftjob.train" and (q := REQUESTED.match(msg)):
+            out.append(LogRecord(t, pod, r, "requested", int(q.group(1)), msg))
         elif logger == "ftjob.train" and (e := EXIT.match(msg)):
             stopped = STOPPED_AT.search(e.group(3))
             out.append(LogRecord(t, pod, r, "exit", int(stopped.group(1)) if stopped else None, e.group(3),
@@ -137,6 +140,7 @@ class Analysis:
     done_at: float | None
     first_step_at: float | None
     commits: list[tuple[float, int]]  # rank 0's committed checkpoints
+    requested_saves: list[tuple[float, int]]  # saves rank 0 started for a coordinator request (notice, annotation)
 
     @property
     def lost_steps(self) -> int:
@@ -186,6 +190,7 @@ def analyze(records: list[LogRecord]) -> Analysis:
         done_at=done,
         first_step_at=steps[0][0] if steps else None,
         commits=[(r.t, r.step) for r in rank0 if r.kind == "committed"],
+        requested_saves=[(r.t, r.step) for r in rank0 if r.kind == "requested"],
     )
 
 
@@ -519,6 +524,8 @@ def summarize(session: Session, obs: Observations, status: dict, a: Analysis, re
                           if "-worker-" in n and obs.notice_at and t > obs.notice_at)
     for t, n in replacements:
         add(t, f"replacement worker {n} created")
+    for t, step in a.requested_saves:
+        add(t, f"trainer saves step {step} on the operator's checkpoint request")
     for r in a.resumes:
         if r.t_signal is not None:
             add(r.t_signal, "SIGTERM reached the trainer")
