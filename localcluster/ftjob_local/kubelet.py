@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import os
+import random
 import re
 import shutil
 import signal
@@ -762,7 +763,8 @@ class Kubelet:
         try:
             return int(json.loads(self._ipam_file.read_text())["next"])
         except (OSError, ValueError, KeyError):
-            return 2
+            # A random start: several local clusters on one machine (parallel tests) share 127.10.0.0/16.
+            return random.randrange(2, 65000)
 
     def allocate_ip(self, pod: Obj) -> str:
         if (pod.get("spec") or {}).get("hostNetwork"):

@@ -14,6 +14,7 @@ from .node.api import Informer, Obj
 from .node.common import meta
 
 log = logging.getLogger(__name__)
+RESYNC_SECONDS = 3.0
 
 
 def selector_matches(selector: dict, labels: dict) -> bool:
@@ -58,11 +59,18 @@ class ServiceProxy:
         self._thread = threading.Thread(target=self.loop.run_forever, name="service-proxy", daemon=True)
         services.listeners.append(lambda *_: self.loop.call_soon_threadsafe(self._schedule_sync))
         self._sync_pending = False
+        self._failed: set[tuple[str, int]] = set()
 
     def start(self) -> ServiceProxy:
         self._thread.start()
         self.loop.call_soon_threadsafe(self._schedule_sync)
+        self.loop.call_soon_threadsafe(self._resync)
         return self
+
+    def _resync(self) -> None:
+        # Retries listeners that could not bind (an address still held by a process of another local cluster).
+        self._schedule_sync()
+        self.loop.call_later(RESYNC_SECONDS, self._resync)
 
     def stop(self) -> None:
         async def close():
@@ -105,8 +113,12 @@ class ServiceProxy:
                 server = await asyncio.start_server(
                     lambda r, w, o=owner: self._handle(r, w, o), host=ip, port=port, reuse_address=True)
             except OSError as e:
-                log.warning("service %s/%s: cannot listen on %s:%d: %s", owner[0], owner[1], ip, port, e)
+                if key not in self._failed:
+                    log.warning("service %s/%s: cannot listen on %s:%d: %s (retrying)", owner[0], owner[1], ip, port,
+                                e)
+                self._failed.add(key)
                 continue
+            self._failed.discard(key)
             self._servers[key] = (server, owner)
 
     def listening(self) -> list[tuple[str, int]]:
