@@ -681,19 +681,14 @@ class _Planner:
 
     # step: success when workers exit 0 (torchrun exits 0 only after the last step)
     def success(self) -> bool:
+        # The trainer exits 0 only after the job's last step (a collective one), and torchrun exits 0 only when
+        # its workers did: one worker pod that exits 0 proves the job is done. Waiting for the others can take
+        # torchrun's exit barrier (300 s) when a peer was lost near the end; they are deleted next pass instead.
         workers = [p for p in self.current if pod_role(p) == render.ROLE_WORKER]
         done = [p for p in workers if pod_succeeded(p)]
         if not done:
             return False
-        still = self.alive(render.ROLE_WORKER)
-        if still:
-            self.requeue_in(POLL_SECONDS)  # the others finish the same last step
-        else:
-            self.finish(
-                "Succeeded",
-                cond.REASON_SUCCEEDED,
-                f"{len(done)} worker(s) finished the last step ({pod_name(done[0])})",
-            )
+        self.finish("Succeeded", cond.REASON_SUCCEEDED, f"{pod_name(done[0])} exited 0 after the last step")
         self.summarize()
         return True
 
