@@ -411,6 +411,8 @@ def test_state_survives_restart_and_old_watch_gets_410(tmp_path):
     finally:
         first.stop()
     second = start_in_thread(state)
+    with pytest.raises(RuntimeError, match="already using the state dir"):
+        start_in_thread(state)  # one server per state dir
     try:
         with api_client(second.url) as c:
             core = client.CoreV1Api(c)

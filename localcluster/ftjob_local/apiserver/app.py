@@ -61,9 +61,13 @@ class ServerHandle:
 
 def start_in_thread(state_dir: str, port: int = 0, host: str = "127.0.0.1") -> ServerHandle:
     """Start the server on a daemon thread; returns once it accepts connections. Call `.stop()` to end it."""
-    sock = _bind(host, port)
-    url = f"http://{host}:{sock.getsockname()[1]}"
     server = ApiServer(state_dir)
+    try:
+        sock = _bind(host, port)
+    except OSError:
+        server.store.close()
+        raise
+    url = f"http://{host}:{sock.getsockname()[1]}"
     server.address = f"{host}:{sock.getsockname()[1]}"
     loop = asyncio.new_event_loop()
     ready = threading.Event()
@@ -109,9 +113,13 @@ def run_forever(state_dir: str, port: int, host: str = "127.0.0.1") -> None:
         os.remove(os.path.join(state_dir, "apiserver.url"))
     except FileNotFoundError:
         pass
-    sock = _bind(host, port)
-    url = f"http://{host}:{sock.getsockname()[1]}"
     server = ApiServer(state_dir)
+    try:
+        sock = _bind(host, port)
+    except OSError:
+        server.store.close()
+        raise
+    url = f"http://{host}:{sock.getsockname()[1]}"
     server.address = f"{host}:{sock.getsockname()[1]}"
 
     async def main() -> None:

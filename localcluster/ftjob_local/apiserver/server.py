@@ -759,9 +759,14 @@ class ApiServer:
                                       not all(isinstance(v, str) for v in value.values())):
                 raise invalid(rt.kind, rt.group, name, [FieldError(f"metadata.{field}",
                               "Invalid value: must be a map of string keys to string values")])
-        label_errors = _label_errors(meta.get("labels") or {})
-        if label_errors:
-            raise invalid(rt.kind, rt.group, name, label_errors)
+        meta_errors = _label_errors(meta.get("labels") or {})
+        for i, ref in enumerate(meta.get("ownerReferences") or []):
+            for f in ("apiVersion", "kind", "name", "uid"):
+                if not isinstance(ref, dict) or not ref.get(f):
+                    meta_errors.append(FieldError(f"metadata.ownerReferences[{i}].{f}", "Required value",
+                                                  "FieldValueRequired"))
+        if meta_errors:
+            raise invalid(rt.kind, rt.group, name, meta_errors)
         if rt.crd is not None:
             self._admit_custom(rt, version, obj, old, params)
             return

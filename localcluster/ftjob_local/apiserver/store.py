@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import fcntl
 import json
 import os
 import sqlite3
@@ -28,6 +29,14 @@ class Event:
 class Store:
     def __init__(self, state_dir: str):
         os.makedirs(state_dir, exist_ok=True)
+        # One server per state dir: a second one would fork the resourceVersion history.
+        self._lock = open(os.path.join(state_dir, "apiserver.lock"), "w")  # noqa: SIM115 (held until close)
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            self._lock.close()
+            raise RuntimeError(f"another API server is already using the state dir {state_dir}; stop it first "
+                               "(or pick another --state-dir)") from e
         self.db = sqlite3.connect(os.path.join(state_dir, "objects.sqlite"), isolation_level=None,
                                   check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
@@ -52,6 +61,7 @@ class Store:
 
     def close(self) -> None:
         self.db.close()
+        self._lock.close()
 
     def next_rv(self) -> int:
         self.rv += 1
