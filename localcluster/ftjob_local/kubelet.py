@@ -48,7 +48,7 @@ DEFAULT_TERMINATION_PATH = "/dev/termination-log"
 ENV_TERMINATION_LOG = "FTJOB_TERMINATION_LOG"  # = ftjob_trainer.contract.ENV_TERMINATION_LOG
 ENV_MOUNTS = "FTJOB_LOCAL_MOUNTS"
 BACKOFF_START, BACKOFF_MAX = 1.0, 30.0  # restart backoff (Kubernetes: 10 s doubling to 300 s), short for local use
-TICK = 0.1
+MAX_WAIT = 1.0  # the worker loop wakes on process exit, deletion or this timeout (probes, backoff)
 _KUBELET_CONDITIONS = ("PodScheduled", "Initialized", "ContainersReady", "Ready", "PodReadyToStartContainers")
 _HOST_ENV = ("HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "USER", "LOGNAME")
 
@@ -160,6 +160,7 @@ class PodWorker:
         self.node = pod["spec"]["nodeName"]
         self.dir = kubelet.state_dir / "pods" / self.uid
         self.delete_requested = threading.Event()
+        self.wake = threading.Event()  # set on process exit and on deletion
         self.gone = False  # the API object is gone (force delete / node GC): kill, never patch
         self.kill_now = False
         self.grace_deadline: float | None = None
@@ -184,6 +185,7 @@ class PodWorker:
                 grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
             self.grace_deadline = time.monotonic() + max(0, int(grace))
             self.delete_requested.set()
+            self.wake.set()
 
     def object_gone(self, last: Obj) -> None:
         """The pod was removed from the API without us: a graceful end only if the server said so."""
@@ -193,12 +195,14 @@ class PodWorker:
         if self.grace_deadline is None:
             self.grace_deadline = time.monotonic() + max(0, int(grace or 0))
         self.delete_requested.set()
+        self.wake.set()
 
     def kill(self) -> None:
         """SIGKILL everything now (node gone, hard preemption, agent shutdown)."""
         self.kill_now = True
         self.grace_deadline = time.monotonic()
         self.delete_requested.set()
+        self.wake.set()
 
     def add_condition(self, ctype: str, status: str, reason: str, message: str) -> None:
         self.extra_conditions = set_condition(self.extra_conditions, ctype, status, reason, message)
@@ -221,6 +225,7 @@ class PodWorker:
         self._adopt_previous_status()
         self._setup()
         while not self.delete_requested.is_set():
+            self.wake.clear()
             now = time.monotonic()
             if not self.initialized:
                 self._step_init(now)
@@ -233,8 +238,22 @@ class PodWorker:
                 self._patch_status(force=True)
                 self.delete_requested.wait()
                 break
-            self.delete_requested.wait(TICK)
+            self.wake.wait(self._timeout())
         self._terminate()
+
+    def _timeout(self) -> float:
+        """Seconds until the next probe or restart is due (process exits wake the loop by themselves)."""
+        now = time.monotonic()
+        due = [now + MAX_WAIT]
+        for c in self.inits + self.ctrs:
+            if c.proc is None and not c.done:
+                due.append(c.next_start)
+            if c.proc is not None:
+                for kind in ("readinessProbe", "livenessProbe"):
+                    probe = c.spec.get(kind)
+                    if probe:
+                        due.append(c.probe_next.get(kind, c.started_mono + float(probe.get("initialDelaySeconds", 0))))
+        return min(MAX_WAIT, max(0.01, min(due) - now))
 
     def _init_failed(self) -> bool:
         return any(c.done and c.state.get("terminated", {}).get("exitCode") for c in self.inits)
@@ -479,6 +498,8 @@ class PodWorker:
                                               "startedAt": None, "finishedAt": now_rfc3339()}}
                     c.done = True
                 return
+        proc = c.proc
+        threading.Thread(target=lambda: (proc.wait(), self.wake.set()), name=f"wait-{proc.pid}", daemon=True).start()
         (self.dir / "containers" / c.name / "pid").write_text(f"{c.proc.pid} {_cpu_start_time(c.proc.pid)}")
         c.started_at, c.started_mono = now_rfc3339(), time.monotonic()
         c.state = {"running": {"startedAt": c.started_at}}
