@@ -164,6 +164,27 @@ class LocalCluster:
             say(f"warning: operator metrics on :{metrics} did not answer; see {self.log_dir / 'operator.log'}")
         say(f"operator    metrics http://127.0.0.1:{metrics}/metrics (pid {proc.pid})")
 
+    def restart(self, name: str, timeout: float = 60.0) -> int:
+        """Stops one component and starts it again with the same command line (for control-plane / operator /
+        node-agent restart tests); returns the new pid once it is ready again."""
+        rec = self._record(name)
+        if name not in COMPONENTS or rec is None:
+            raise ClusterError(f"{name} was never started from {self.dir} (components: {', '.join(COMPONENTS)})")
+        if self.alive(name):
+            _stop_group(rec["pid"], rec["start"], timeout)
+        extra = {k: v for k, v in rec.items() if k not in ("pid", "start", "argv")}
+        if name == "node-agent":
+            (self.dir / "node-agent" / "ready").unlink(missing_ok=True)
+        proc = self._spawn(name, rec["argv"], extra)
+        ready = {
+            "apiserver": lambda: _http_ok(f"http://127.0.0.1:{rec['port']}/version"),
+            "node-agent": (self.dir / "node-agent" / "ready").exists,
+            "operator": lambda: proc.poll() is None and (
+                not rec.get("metricsPort") or _http_ok(f"http://127.0.0.1:{rec['metricsPort']}/metrics")),
+        }[name]
+        self._wait(name, proc, ready, timeout)
+        return proc.pid
+
     # --- down --------------------------------------------------------------------------------------------------------
     def down(self, timeout: float = 30.0, say=print, only: list[str] | None = None) -> list[str]:
         stopped = []

@@ -330,3 +330,24 @@ def test_node_deletion_kills_its_pods(kube, cluster, tmp_path):
             return True
         return False
     wait_for(dead, 10, what="process killed")
+
+
+def test_pods_keep_running_across_an_api_server_restart(kube, cluster, tmp_path):
+    """The node agent re-lists after the control plane comes back: running pods continue, new pods run."""
+    marker = tmp_path / "ticks"
+    pod_name = name("steady")
+    code = f"import time, pathlib\nn = 0\nwhile True:\n    n += 1; pathlib.Path({str(marker)!r}).write_text(str(n)); time.sleep(0.1)"
+    created = make_pod(kube, pod_name, [PY, "-c", code], terminationGracePeriodSeconds=1,
+                       nodeSelector={"kubernetes.io/hostname": "local-spot-0"})
+    wait_for(phase_is(kube, pod_name, "Running"), 30, what="pod running")
+    pid_file = cluster.dir / "pods" / created["metadata"]["uid"] / "containers" / "main" / "pid"
+    pid = int(pid_file.read_text().split()[0])
+    cluster.restart("apiserver")
+    os.kill(pid, 0)  # the process was never touched
+    assert get_pod(kube, pod_name)["status"]["phase"] == "Running"
+    after = name("after")
+    make_pod(kube, after, [PY, "-c", "print('after restart')"])
+    wait_for(phase_is(kube, after, "Succeeded"), 30, what="a new pod after the restart")
+    kubectl(cluster, "delete", "pod", pod_name, "--wait=true", "--timeout=30s")
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
