@@ -156,6 +156,12 @@ def test_apply_get_describe_label_annotate_delete_core_objects(cluster):
     described = kubectl(cluster, "describe", "pod", "web").stdout
     assert "Name:" in described and "web" in described and "python:3.13" in described
 
+    # a typo in a built-in kind is refused as by a real cluster (kubectl sends fieldValidation=Strict)
+    typo = CORE.split("---")[0].replace("name: web,", "name: typo,").replace("    env:", "    evn:")
+    refused = kubectl(cluster, "apply", "-f", "-", stdin=typo, check=False)
+    assert refused.returncode != 0 and 'unknown field "spec.containers[0].evn"' in refused.stderr
+    assert kubectl(cluster, "get", "pod", "typo", check=False).returncode != 0
+
     kubectl(cluster, "delete", "-f", "-", stdin=CORE)
     assert "No resources found" in kubectl(cluster, "get", "pods,svc,cm", "-l", "app=web").stderr
 

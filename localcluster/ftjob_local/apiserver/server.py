@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from . import openapi, protobuf, tables
+from . import builtin_schemas, openapi, protobuf, tables
 from .auth import Tokens, User, forbidden_message, rbac_allows, unauthorized
 from .errors import (
     ApiError,
@@ -770,6 +770,15 @@ class ApiServer:
         if rt.crd is not None:
             self._admit_custom(rt, version, obj, old, params)
             return
+        mode = params.get("fieldValidation", "Warn") if hasattr(params, "get") else "Warn"
+        if mode in ("Strict", "Warn"):
+            unknown = builtin_schemas.unknown_fields(obj)
+            if unknown and mode == "Strict":
+                fields = ", ".join(f'unknown field "{u}"' for u in unknown)
+                raise bad_request(f'{rt.kind} in version "{rt.versions[0]}" cannot be handled as a {rt.kind}: '
+                                  f"strict decoding error: {fields}")
+            if unknown:
+                obj["__warnings__"] = [f'unknown field "{u}"' for u in unknown]
         hook = getattr(self, "_admit_" + rt.plural, None)
         if hook is not None and (rt.group in ("", "apiextensions.k8s.io")):
             hook(rt, obj, old)
