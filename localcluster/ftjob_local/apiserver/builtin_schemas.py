@@ -11,7 +11,7 @@ from typing import Any
 K8S_VERSION = "1.32"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _validator(api_version: str, kind: str) -> Any:
     try:
         import jsonschema
