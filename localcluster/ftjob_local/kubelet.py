@@ -105,6 +105,39 @@ def _cpu_start_time(pid: int) -> str:
         return ""
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below pid (children first found, then theirs), read from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        out.append(child)
+        todo += children.get(child, [])
+    return out
+
+
+def kill_tree(pid: int, sig: int) -> None:
+    """Signals pid's process group and, for SIGKILL, every descendant too: programs such as torchrun start their
+    workers in sessions of their own, which a killed container must not leave running (a real kubelet kills the
+    whole cgroup). The descendants are listed first: once their parent is dead they are reparented out of reach."""
+    below = descendants(pid) if sig == signal.SIGKILL else []
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for child in below:
+        try:
+            os.kill(child, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def kill_recorded(pid_file: Path, sig: int = signal.SIGKILL) -> bool:
     """Signals the process group recorded in pid_file if that very process still runs (pid reuse safe)."""
     try:
@@ -114,11 +147,8 @@ def kill_recorded(pid_file: Path, sig: int = signal.SIGKILL) -> bool:
         return False
     if _cpu_start_time(pid) != started:
         return False
-    try:
-        os.killpg(pid, sig)
-        return True
-    except ProcessLookupError:
-        return False
+    kill_tree(pid, sig)
+    return True
 
 
 @dataclass
@@ -716,10 +746,7 @@ class PodWorker:
     # --- termination ----------------------------------------------------------------------------------------------
     def _signal(self, c: Ctr, sig: int) -> None:
         if c.proc is not None:
-            try:
-                os.killpg(c.proc.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+            kill_tree(c.proc.pid, sig)
 
     def _kill_all(self, sig: int) -> None:
         for c in self.inits + self.ctrs:
