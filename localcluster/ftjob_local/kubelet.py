@@ -199,6 +199,7 @@ class PodWorker:
         self.mounts: list[tuple[str, str]] = []
         self.last_status: Obj | None = None
         self.finished = threading.Event()
+        self.terminal = False
         spec = pod.get("spec") or {}
         self.inits = [Ctr(c, init=True) for c in spec.get("initContainers") or []]
         self.ctrs = [Ctr(c) for c in spec.get("containers") or []]
@@ -250,7 +251,7 @@ class PodWorker:
 
     def _live(self) -> None:
         if is_terminal(self.pod):
-            self.delete_requested.wait()
+            self.terminal = True
             return
         self._adopt_previous_status()
         self._setup()
@@ -265,9 +266,11 @@ class PodWorker:
                 self._probe(now)
             self._patch_status()
             if self.initialized and all(c.done for c in self.ctrs) or self._init_failed():
+                # Terminal: nothing runs any more, so the thread ends; the kubelet deletes the pod's folder
+                # when the object goes.
                 self._patch_status(force=True)
-                self.delete_requested.wait()
-                break
+                self.terminal = True
+                return
             self.wake.wait(self._timeout())
         self._terminate()
 
@@ -799,6 +802,8 @@ class Kubelet:
         self._ipam_file = self.state_dir / "node-agent" / "ipam.json"
         self._next_ip = self._load_ipam()
         self._orphan_since: dict[str, float] = {}
+        self.terminal: set[str] = set()  # uids of finished pods (no worker thread any more)
+        self._gone: set[str] = set()  # terminal pods whose objects were deleted: their folders go
         pods.listeners.append(self._on_pod)
         nodes.listeners.append(lambda *_: self.wake.set())
         self._thread = threading.Thread(target=self._run, name="kubelet", daemon=True)
@@ -848,6 +853,8 @@ class Kubelet:
                 worker.object_gone(pod)
             else:
                 worker.update(pod)
+        elif kind == "DELETED" and uid in self.terminal:
+            self._gone.add(uid)
         self.wake.set()
 
     def worker_for(self, uid: str) -> PodWorker | None:
@@ -875,6 +882,10 @@ class Kubelet:
             if node not in nodes:
                 self._collect_orphan(pod, now)
                 continue
+            if uid in self.terminal:
+                if m.get("deletionTimestamp"):  # a terminal pod has no processes left: delete it for good
+                    self.kube.delete(pod_path(m.get("namespace", "default"), m["name"]), grace=0, uid=uid)
+                continue
             if node not in self.served or uid in self.workers:
                 continue
             worker = PodWorker(self, pod)
@@ -887,6 +898,12 @@ class Kubelet:
                 worker.kill()
             if worker.finished.is_set():
                 del self.workers[uid]
+                if worker.terminal and not worker.gone:
+                    self.terminal.add(uid)
+        gone, self._gone = self._gone, set()
+        for uid in gone & self.terminal:
+            shutil.rmtree(self.state_dir / "pods" / uid, ignore_errors=True)
+            self.terminal.discard(uid)
 
     def _collect_orphan(self, pod: Obj, now: float) -> None:
         """Pod GC: a pod bound to a node that no longer exists is deleted (after a short grace for cache lag)."""
