@@ -157,25 +157,26 @@ async def keep_training_job_converged(
     logger: logging.Logger,
     **_: Any,
 ) -> None:
+    # A kopf.TemporaryError (409, 5xx, timeouts) leaves this function: kopf logs it, posts a warning event on the
+    # job and calls the daemon again after the error's delay.
     rt = _runtime(memo)
-    key = (namespace, name)
     wake = rt.waker(namespace, name)
-    try:
-        while not stopped:
-            wake.clear()  # events from now on mean "look again"
-            try:
-                timeout = await reconcile(rt, namespace, name, uid, nodes_by_name, logger)
-            except kopf.PermanentError as exc:
-                # Not worth a quick retry (403, 422, ...): say so on the job and wait for a change to it or its pods.
-                logger.error("cannot converge: %s", exc)
-                kopf.event(body, type="Warning", reason="ApiError", message=str(exc)[:1024])
-                timeout = PERMANENT_ERROR_RETRY_SECONDS
-            if timeout is None:
-                return  # the job is gone (or replaced by a new one of the same name)
-            await _sleep_until_woken(wake, stopped, timeout)
-    finally:
-        rt.metrics.forget(*key)
-        rt.written.pop(key, None)
+    while not stopped:
+        wake.clear()  # events from now on mean "look again"
+        try:
+            timeout = await reconcile(rt, namespace, name, uid, nodes_by_name, logger)
+        except kopf.PermanentError as exc:
+            # Not worth a quick retry (403, 422, ...): say so on the job and wait for a change to it or its pods.
+            logger.error("cannot converge: %s", exc)
+            kopf.event(body, type="Warning", reason="ApiError", message=str(exc)[:1024])
+            timeout = PERMANENT_ERROR_RETRY_SECONDS
+        if timeout is None:
+            break  # the job is gone (or replaced by a new one of the same name)
+        await _sleep_until_woken(wake, stopped, timeout)
+    # Stopped: the job was deleted, the operator exits, or peering paused it; its figures are no longer ours.
+    rt.metrics.forget(namespace, name)
+    rt.written.pop((namespace, name), None)
+    rt.wakers.pop((namespace, name), None)
 
 
 async def _sleep_until_woken(wake: asyncio.Event, stopped: kopf.DaemonStopped, timeout: float) -> None:

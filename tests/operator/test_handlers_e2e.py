@@ -112,8 +112,8 @@ finish("preempted", 75, "stopped by SIGTERM after a save", step)
 class Operator:
     """`ftjob operator` as a child process in its own process group (so a crash can be a SIGKILL of all of it)."""
 
-    def __init__(self, kubeconfig: Path, log_path: Path):
-        self.kubeconfig, self.log_path = kubeconfig, log_path
+    def __init__(self, kubeconfig: Path, log_path: Path, peering: str | None = None):
+        self.kubeconfig, self.log_path, self.peering = kubeconfig, log_path, peering
         self.proc: subprocess.Popen | None = None
         self.port = 0
 
@@ -122,7 +122,8 @@ class Operator:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "ftjob_operator", "operator", "--kubeconfig", str(self.kubeconfig),
-                 "--metrics-port", str(self.port), "--log-level", "INFO"],
+                 "--metrics-port", str(self.port), "--log-level", "INFO",
+                 *(["--peering", self.peering] if self.peering else [])],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         wait_until(lambda: self.http("/healthz") == "ok", timeout, "the operator's /healthz", self)

@@ -1,0 +1,80 @@
+"""Two `ftjob operator --peering NAME` replicas (as the chart deploys them with replicaCount 2) against the local
+cluster with kopf's peering CRDs from the chart: the peering object is created by the operator, one replica
+works and the other stands by, and the job gets exactly one set of pods.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+
+import pytest
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(240),
+    pytest.mark.skipif(
+        importlib.util.find_spec("ftjob_local.apiserver.__main__") is None,
+        reason="the local cluster (ftjob_local) is not in this build",
+    ),
+]
+
+from ftjob_local.cluster import LocalCluster  # noqa: E402
+from ftjob_local.demo import find_kubectl  # noqa: E402
+from test_handlers_e2e import FAKE_TRAINER, REPO, Env, Operator  # noqa: E402
+
+PEERING = "ftjob-test"
+
+
+@pytest.fixture
+def replicas(tmp_path):
+    fake = tmp_path / "fake_trainer.py"
+    fake.write_text(FAKE_TRAINER)
+    cluster = LocalCluster(tmp_path / "cluster")
+    cluster.up(nodes=1, spot_nodes=2, operator=False, timeout=60, say=lambda *_: None)
+    ops = [Operator(cluster.kubeconfig, tmp_path / f"operator-{i}.log", peering=PEERING) for i in range(2)]
+    try:
+        kubectl = [find_kubectl(), "--kubeconfig", str(cluster.kubeconfig)]
+        peering_crds = subprocess.run(
+            [str(REPO / ".venv" / "bin" / "helm"), "template", "x", str(REPO / "charts" / "ftjob"),
+             "--set", "peering.enabled=true", "--show-only", "templates/peering-crds.yaml"],
+            check=True, capture_output=True, text=True, timeout=60,
+        ).stdout  # fmt: skip
+        subprocess.run([*kubectl, "apply", "-f", "-"], input=peering_crds, check=True, capture_output=True,
+                       text=True, timeout=60)  # fmt: skip
+        subprocess.run(
+            [*kubectl, "apply", "-f", str(REPO / "crds")], check=True, capture_output=True, timeout=60
+        )
+        for op in ops:
+            op.start()
+        yield Env(cluster, ops[0], fake), ops
+    finally:
+        for op in ops:
+            op.stop()
+        cluster.down(say=lambda *_: None)
+
+
+def test_two_peered_replicas_create_one_set_of_pods(replicas):
+    env, ops = replicas
+    peering = env.kube.get(f"/apis/kopf.dev/v1/clusterkopfpeerings/{PEERING}")
+    assert peering is not None, "the operator did not create its ClusterKopfPeering"
+    # kopf pauses the lower-priority replica once it sees the other's keep-alive.
+    paused = env.until(
+        lambda: [op for op in ops if "Pausing operations" in op.log_tail(400)],
+        60,
+        "one replica to stand by",
+    )
+    assert len(paused) == 1, [op.log_tail() for op in ops]
+    name = "peered"
+    env.create_job(name, "serve")
+    env.until(
+        lambda: env.status(name).get("phase") == "Running" and env.status(name)["workers"]["ready"] == 1,
+        60,
+        "Running",
+        name,
+    )
+    names = sorted(p["metadata"]["name"] for p in env.pods(name))
+    assert names == [f"{name}-coordinator-0", f"{name}-worker-1"], names
+    (active,) = [op for op in ops if op not in paused]
+    assert f"created Pod {name}-worker-1" in active.log_tail(400)
+    assert "created Pod" not in paused[0].log_tail(400)
