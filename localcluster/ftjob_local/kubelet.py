@@ -91,11 +91,24 @@ class ConfigError(Exception):
 
 
 def rewrite_paths(value: str, mounts: list[tuple[str, str]]) -> str:
-    """Replaces absolute mount paths at path boundaries (longest first) by their backing folders."""
-    for mount, backing in mounts:
-        pattern = r"(?<![\w.\-/])" + re.escape(mount.rstrip("/")) + r"(?=$|/|[^\w.\-])"
-        value = re.sub(pattern, lambda _m, b=backing: b, value)
-    return value
+    """Replaces absolute mount paths at path boundaries by their backing folders, in one pass (longest first).
+
+    A path that exists on this machine under a mountPath that is itself a real folder here is left alone: a mount
+    at /work must not turn /work/venv/bin/python into a path inside the volume."""
+    if not mounts:
+        return value
+    ordered = sorted(mounts, key=lambda m: -len(m[0].rstrip("/")))
+    backing = {m.rstrip("/") or "/": b for m, b in ordered}
+    alternatives = "|".join(re.escape(m.rstrip("/")) for m, _ in ordered)
+    pattern = r"(?<![\w.\-/])(?P<mount>" + alternatives + r")(?P<rest>/[^\s:;,'\"=]*)?(?=$|[^\w.\-])"
+
+    def swap(match: re.Match) -> str:
+        mount, rest = match.group("mount"), match.group("rest") or ""
+        if rest and os.path.isdir(mount) and os.path.exists(mount + rest):
+            return match.group(0)
+        return backing[mount] + rest
+
+    return re.sub(pattern, swap, value)
 
 
 def _cpu_start_time(pid: int) -> str:

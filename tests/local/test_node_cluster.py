@@ -233,6 +233,37 @@ def test_restart_policy_on_failure_counts_restarts(kube, tmp_path):
     assert counter.read_text() == "2"
 
 
+
+def test_init_container_then_always_restart_with_previous_logs(kube, cluster):
+    """Init containers run first, to completion; restartPolicy Always restarts the main container and
+    `kubectl logs --previous` shows the run before."""
+    pod_name = name("looper")
+    init = {"name": "prepare", "image": "busybox", "command": [PY, "-c", "open('/work/seed', 'w').write('seeded')"],
+            "volumeMounts": [{"name": "work", "mountPath": "/work"}]}
+    code = ("import pathlib, sys; p = pathlib.Path('/work/seed'); n = len(p.read_text()); "
+            "p.write_text(p.read_text() + '+'); print('run', n - 6, flush=True); sys.exit(1)")
+    make_pod(kube, pod_name, [PY, "-c", code], restartPolicy="Always", initContainers=[init],
+             terminationGracePeriodSeconds=0, volumes=[{"name": "work", "emptyDir": {}}],
+             container={"volumeMounts": [{"name": "work", "mountPath": "/work"}]})
+
+    def restarted():
+        p = get_pod(kube, pod_name)
+        statuses = (p or {}).get("status", {}).get("containerStatuses") or [{}]
+        return p if statuses[0].get("restartCount", 0) >= 2 else None
+    pod = wait_for(restarted, 30, what="two restarts")
+    (init_status,) = pod["status"]["initContainerStatuses"]
+    assert init_status["state"]["terminated"]["exitCode"] == 0
+    assert cond(pod, "Initialized")["status"] == "True"
+    assert pod["status"]["phase"] == "Running"
+    assert pod["status"]["containerStatuses"][0]["lastState"]["terminated"]["exitCode"] == 1
+    previous = kubectl(cluster, "logs", pod_name, "--previous").stdout
+    current = kubectl(cluster, "logs", pod_name).stdout
+    runs = [int(line.split()[1]) for line in (previous + current).splitlines() if line.startswith("run")]
+    assert runs and runs[0] >= 0 and runs == sorted(runs)
+    assert kubectl(cluster, "logs", pod_name, "-c", "prepare").stdout == ""
+    kubectl(cluster, "delete", "pod", pod_name, "--wait=true", "--timeout=30s")
+
+
 TERM_IGNORER = r"""
 import signal, sys, time, pathlib
 marker = pathlib.Path(sys.argv[1])

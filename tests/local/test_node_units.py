@@ -33,6 +33,17 @@ def test_rewrite_paths_only_at_path_boundaries():
     assert rewrite_paths("/ckpt", mounts) == "/s/ckpt"
     assert rewrite_paths("/ckpts/other", mounts) == "/ckpts/other"  # a longer name is not the mount
     assert rewrite_paths("/data/ckpt", mounts) == "/data/ckpt"  # nor a path that merely contains it
+    assert rewrite_paths("open('/ckpt/a', 'w')", mounts) == "open('/s/ckpt/a', 'w')"
+
+
+def test_rewrite_paths_leaves_existing_host_paths_under_a_real_folder(tmp_path):
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python").write_text("")
+    mounts = [(str(tmp_path), "/vol")]
+    assert rewrite_paths(f"{tmp_path}/bin/python", mounts) == f"{tmp_path}/bin/python"
+    assert rewrite_paths(f"{tmp_path}/seed", mounts) == "/vol/seed"
+    # One pass: a backing folder that starts with another mount path is not rewritten again.
+    assert rewrite_paths("/a/x /b", [("/a", "/b/a"), ("/b", "/z")]) == "/b/a/x /z"
 
 
 def node(name, labels=None, taints=None, cpu="2", memory="4Gi", gpu="0", pods="10", ready=True):
