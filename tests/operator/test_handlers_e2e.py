@@ -320,9 +320,9 @@ def _condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
 
 
 # --- tests ---------------------------------------------------------------------------------------------------
-def test_children_are_owned_and_labelled_and_workers_exiting_0_succeed(jobs):
+def test_children_are_owned_and_labelled_workers_exiting_0_succeed_and_ttl_deletes(jobs):
     env, name = jobs, "done"
-    job = env.create_job(name, "done")
+    job = env.create_job(name, "done", ttlSecondsAfterFinished=5)
     uid = job["metadata"]["uid"]
     pods = env.until(
         lambda: len(env.pods(name)) == 2 and env.pods(name), 30, "coordinator and worker pods", name
@@ -354,8 +354,11 @@ def test_children_are_owned_and_labelled_and_workers_exiting_0_succeed(jobs):
     assert _condition(st, "Succeeded")["status"] == "True"
     assert st["completionTime"] and st["failures"] == 0 and st["preemptions"] == 0
     env.until(lambda: {"Created", "Succeeded"} <= set(env.reasons(name)), 10, "events", name)
-    # cleanPodPolicy All (the default): the finished pods go.
+    # cleanPodPolicy All (the default): the finished pods go; then the TTL deletes the job (kopf's finalizer is
+    # released when the daemon stops) and the Secret and Service go with it.
     env.until(lambda: not env.pods(name), 30, "the finished pods to be deleted", name)
+    env.until(lambda: env.kube.get(f"{JOBS}/{name}") is None, 30, "the TTL to delete the job")
+    assert "TTLExpired" in env.reasons(name)
 
 
 def test_invalid_spec_gets_a_condition_that_says_what_to_fix_and_no_pods(jobs):
