@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import secrets
+import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -371,12 +373,26 @@ def run(
     # Peers of equal priority would all stay active (kopf only warns); a random priority per replica makes one
     # active and the others standby until its keep-alives stop.
     priority = secrets.randbelow(2**30) + 1 if peering else None
-    kopf.run(
-        clusterwide=not namespaces,
-        namespaces=list(namespaces),
-        standalone=peering is None,
-        peering_name=peering,
-        priority=priority,
-        memo=kopf.Memo(runtime=rt),
-    )
+    if kubeconfig and not os.path.exists(kubeconfig):
+        print(
+            f"ftjob operator: --kubeconfig {kubeconfig} does not exist; pass an existing file",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        kopf.run(
+            clusterwide=not namespaces,
+            namespaces=list(namespaces),
+            standalone=peering is None,
+            peering_name=peering,
+            priority=priority,
+            memo=kopf.Memo(runtime=rt),
+        )
+    except Exception as exc:
+        # A startup handler that failed permanently (no configuration, peering CRDs missing) already said why in
+        # the log; end with that one line instead of kopf's wrapper traceback.
+        if isinstance(exc.__cause__, kopf.PermanentError):
+            print(f"ftjob operator: {exc.__cause__}", file=sys.stderr)
+            return 1
+        raise
     return 0

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
+import subprocess
+import sys
 import threading
 from http.server import ThreadingHTTPServer
 from pathlib import Path
@@ -254,3 +257,22 @@ def test_counters_come_from_job_status_and_phases_are_counted():
     assert _samples(m2)[("ftjob_preemptions_total", (("job", "a"), ("namespace", "ns")))] == 3
     m2.forget("ns", "a")
     assert not [k for k in _samples(m2) if k[0] == "ftjob_preemptions_total"]
+
+
+# --- `ftjob operator` refusing to start ------------------------------------------------------------------------
+@pytest.mark.slow
+def test_operator_without_configuration_says_what_to_pass(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_SERVICE")}
+    env.update(HOME=str(tmp_path), KUBECONFIG="")
+    cmd = [sys.executable, "-m", "ftjob_operator", "operator", "--metrics-port", "0"]
+    none = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert none.returncode == 1, none.stderr
+    assert "ftjob operator: no Kubernetes configuration: pass --kubeconfig" in none.stderr
+    missing = subprocess.run(
+        [*cmd, "--kubeconfig", str(tmp_path / "absent")], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert missing.returncode == 2
+    assert (
+        missing.stderr.strip()
+        == f"ftjob operator: --kubeconfig {tmp_path / 'absent'} does not exist; pass an existing file"
+    )
