@@ -257,7 +257,7 @@ class ApiServer:
     def _resource_list(self, group: str, version: str) -> dict[str, Any]:
         resources = []
         for rt in self.registry.in_group_version(group, version):
-            verbs = list(ALL_VERBS_FOR(rt))
+            verbs = _verbs(rt)
             entry: dict[str, Any] = {"name": rt.plural, "singularName": rt.singular, "namespaced": rt.namespaced,
                                      "kind": rt.kind, "verbs": verbs}
             if rt.short_names:
@@ -1390,7 +1390,9 @@ class ApiServer:
         return self.scale_of(rt, version, updated)
 
 
-def ALL_VERBS_FOR(rt: ResourceType) -> list[str]:  # noqa: N802 (reads like the constant list it returns)
+def _verbs(rt: ResourceType) -> list[str]:
+    if rt.group == "authorization.k8s.io":
+        return ["create"]  # access reviews are answered, never stored
     return ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 
 
