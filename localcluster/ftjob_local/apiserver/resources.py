@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-
 @dataclass
 class ResourceType:
     group: str
