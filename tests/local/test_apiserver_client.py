@@ -484,3 +484,45 @@ def test_events_expire_after_the_event_ttl(server, api):
     core.create_namespaced_event(NS, {"metadata": {"name": "new"}, "involvedObject": ref, "reason": "R"})
     assert server.call(server.server.expire_events, dt.datetime.now(dt.timezone.utc)) == 1
     assert [e.metadata.name for e in core.list_namespaced_event(NS).items] == ["new"]
+
+
+def test_many_concurrent_watchers_each_see_every_event(server, api):
+    import asyncio
+    import json
+
+    import aiohttp
+    core = client.CoreV1Api(api)
+    rv = core.list_namespaced_config_map(NS).metadata.resource_version
+    n_watchers, n_objects = 40, 15
+
+    async def watcher(session: aiohttp.ClientSession) -> list[str]:
+        names = []
+        url = f"{server.url}/api/v1/namespaces/{NS}/configmaps?watch=true&resourceVersion={rv}&timeoutSeconds=20"
+        async with session.get(url) as resp:
+            async for line in resp.content:
+                names.append(json.loads(line)["object"]["metadata"]["name"])
+                if len(names) == n_objects:
+                    break
+        return names
+
+    async def main() -> list[list[str]]:
+        async with aiohttp.ClientSession() as session:
+            tasks = [asyncio.create_task(watcher(session)) for _ in range(n_watchers)]
+            await asyncio.sleep(0)  # the watches start; creating before they connect is fine too (history replay)
+            await asyncio.to_thread(lambda: [core.create_namespaced_config_map(NS, {"metadata": {"name": f"c{i}"}})
+                                             for i in range(n_objects)])
+            return await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
+
+    results = asyncio.run(main())
+    assert all(r == [f"c{i}" for i in range(n_objects)] for r in results)
+
+
+def test_server_side_dry_run_changes_nothing(api):
+    core = client.CoreV1Api(api)
+    dry = core.create_namespaced_config_map(NS, {"metadata": {"name": "dry"}, "data": {"a": "1"}}, dry_run="All")
+    assert dry.metadata.uid and not core.list_namespaced_config_map(NS).items
+    core.create_namespaced_config_map(NS, {"metadata": {"name": "real"}, "data": {"a": "1"}})
+    patched = core.patch_namespaced_config_map("real", NS, {"data": {"a": "2"}}, dry_run="All")
+    assert patched.data == {"a": "2"} and core.read_namespaced_config_map("real", NS).data == {"a": "1"}
+    core.delete_namespaced_config_map("real", NS, dry_run="All")
+    assert core.read_namespaced_config_map("real", NS).data == {"a": "1"}
