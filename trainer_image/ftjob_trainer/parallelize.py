@@ -10,7 +10,9 @@ from __future__ import annotations
 import logging
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 log = logging.getLogger(__name__)
@@ -57,7 +59,10 @@ def parallelize(
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     else:
         mp = MixedPrecisionPolicy()  # fp32 on CPU: gloo and CPU kernels gain nothing from bf16
-    kwargs = {"mp_policy": mp}
+    # The engine's device decides the mesh. fully_shard's default mesh is the machine's accelerator, so a model the
+    # engine runs on the CPU (tests, --device-less runs on a GPU host) would be moved to cuda behind its back.
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    kwargs = {"mp_policy": mp, "mesh": mesh}
     if cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
     units = shard_units(model)
