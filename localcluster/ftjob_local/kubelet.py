@@ -2,7 +2,8 @@
 
 What it emulates and how (also posted as a pod event, reason LocalEmulation):
 - image: ignored; command+args run as a process in its own process group (session), with `PATH` starting with
-  the directory of the Python running ftjob, so `python` and `torchrun` are ftjob's.
+  the directory of the Python running ftjob, so `python` and `torchrun` are ftjob's. Without a command, args run
+  alone, as an entrypoint that execs its arguments (tini, `exec "$@"`) would run them.
 - network: each pod gets its own loopback address in 127.10.0.0/16 (status.podIP); there is no isolation.
 - volumes: emptyDir -> DIR/pods/<uid>/volumes/<name>, persistentVolumeClaim -> DIR/pvcs/<ns>/<claim> (shared like a
   RWX volume), hostPath as is, secret/configMap/downwardAPI -> files. There is no mount namespace, so every
@@ -501,10 +502,10 @@ class PodWorker:
             c.env = self._environment(c)
             command = [expand(x, c.env) for x in c.spec.get("command") or []]
             args = [expand(x, c.env) for x in c.spec.get("args") or []]
-            if not command:
+            if not command and not args:
                 raise ConfigError("CreateContainerError",
-                                  f"container {c.name} has no command: the local kubelet cannot run the image's "
-                                  "entrypoint; set command (and args)")
+                                  f"container {c.name} has neither command nor args: the local kubelet cannot run "
+                                  "the image's entrypoint or CMD; set args (or command)")
             mounts = self._mounts_for(c)
             argv = [rewrite_paths(x, mounts) for x in command + args]
         except ConfigError as e:
