@@ -327,8 +327,8 @@ def _parser() -> argparse.ArgumentParser:
                                 "cluster, preempt a spot node mid-run, watch it recover, plot it.")
     p.add_argument("--state-dir", type=Path, default=None,
                    help="cluster state folder (default: a fresh temporary folder, removed afterwards)")
-    p.add_argument("--out", type=Path, default=Path("ftjob-demo"),
-                   help="where the plot, timeline and logs go (default ./ftjob-demo)")
+    p.add_argument("--out", type=Path, default=Path("demo-out"),
+                   help="where the plot, timeline and logs go (default ./demo-out)")
     p.add_argument("--keep", action="store_true", help="leave the cluster running at the end")
     p.add_argument("--manifest", type=Path, default=DEFAULT_MANIFEST, help="the job to run (default: %(default)s)")
     p.add_argument("--notice", type=float, default=5.0, help="spot notice in seconds (default 5)")
