@@ -190,7 +190,8 @@ class CheckpointSpec(_Model):
         "/checkpoints",
         min_length=2,
         pattern=r"^/",
-        description="mountPath is where the volume is mounted in the worker (FTJOB_CHECKPOINT_DIR).",
+        description="mountPath is where the volume is mounted in the worker; the job's checkpoints go to "
+        "<mountPath>/<namespace>/<job name> (FTJOB_CHECKPOINT_DIR), so jobs can share one claim.",
     )
     every_steps: int = Field(
         100,
@@ -359,7 +360,8 @@ class PodTemplateSpec(_Model):
         "securityContext replaces the containers' default (non-root, no privilege escalation, drop ALL)."
     )
     pod_security_context: dict[str, Any] | None = _free(
-        "podSecurityContext replaces the pods' default (runAsNonRoot, uid 1000, seccomp RuntimeDefault)."
+        "podSecurityContext replaces the pods' default (runAsNonRoot, uid/gid/fsGroup 10001 as in the trainer "
+        "image, seccomp RuntimeDefault)."
     )
     service_account_name: str | None = Field(
         None, description="serviceAccountName is the pods' service account."
@@ -372,8 +374,11 @@ class PodTemplateSpec(_Model):
 class TrainingJobSpec(_Model):
     """The desired state of a TrainingJob."""
 
-    image: str = Field(
-        ..., min_length=1, description="image is the trainer image (torch, torchrun, ftjob_trainer)."
+    image: str | None = Field(
+        None,
+        min_length=1,
+        description="image is the trainer image (torch, torchrun, ftjob_trainer); unset means the operator's "
+        "default trainer image (the chart's trainer.image, env FTJOB_DEFAULT_TRAINER_IMAGE on the operator).",
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         "IfNotPresent", description="imagePullPolicy is the containers' image pull policy."
@@ -523,6 +528,11 @@ class TrainingJobStatus(_Model):
         None, description="lastCheckpoint is the newest committed checkpoint."
     )
     step: int | None = Field(None, description="step is the newest training step the coordinator reported.")
+    image: str | None = Field(
+        None,
+        description="image is the trainer image the pods run: spec.image, or the operator's default trainer image "
+        "when spec.image is unset (kept from then on, so a new operator default does not restart a running job).",
+    )
     start_time: str | None = Field(
         None,
         description="startTime is when the first pods were created.",

@@ -95,6 +95,9 @@ class Observed:
     secret_exists: bool = False
     progress: dict[str, Any] | None = None  # GET /v1/progress from the coordinator, when it answered
     new_token: str = ""  # a fresh random token, used only when the Secret has to be created
+    # The operator's default trainer image (env FTJOB_DEFAULT_TRAINER_IMAGE, set by the chart), for jobs without
+    # spec.image; "" when the operator has none.
+    default_image: str = ""
 
 
 @dataclass(frozen=True)
@@ -560,6 +563,12 @@ class _Planner:
             problems = spec_problems(self.ref.name, spec)
         except ValidationError as exc:
             spec, problems = None, _validation_problems(exc)
+        image = self.resolve_image(spec) if spec is not None else None
+        if spec is not None and not image:
+            problems.append(
+                "spec.image is not set and the operator has no default trainer image: set spec.image, or give the "
+                "operator one (helm value trainer.image.repository/tag, env FTJOB_DEFAULT_TRAINER_IMAGE)"
+            )
         if problems:
             message = "; ".join(problems)
             was = cond.find(self.conds, cond.INVALID_SPEC)
@@ -571,9 +580,16 @@ class _Planner:
         if cond.is_true(self.conds, cond.INVALID_SPEC):
             self.condition(cond.INVALID_SPEC, cond.FALSE, cond.REASON_SPEC_VALID, "the spec is valid now")
             self.st.phase = None
-        self.spec = spec
+        # Render from the resolved image, and keep it: the pods (and the template hash) stay on it.
+        self.spec = spec.model_copy(update={"image": image})
+        self.st.image = image
         self.st.workers.desired = spec.workers.desired
         return True
+
+    def resolve_image(self, spec: api.TrainingJobSpec) -> str | None:
+        """spec.image; else the image this job already runs (an operator upgrade with a new default must not
+        restart it); else the operator's default."""
+        return spec.image or self.prev.image or self.o.default_image or None
 
     def read_progress(self) -> None:
         p = self.o.progress or {}
@@ -835,7 +851,8 @@ class _Planner:
             return True
         old_workers = [p for p in self.old if pod_role(p) == render.ROLE_WORKER]
         if old_workers and not self.current:
-            # Same --rdzv-id: new agents must not meet old ones in a rendezvous round.
+            # The old generation may still be saving its checkpoint on SIGTERM: the new one must load that one.
+            # (Its --rdzv-id differs, so the two never meet in a rendezvous round either way.)
             self.requeue_in(FOLLOW_UP_SECONDS)
             self.summarize()
             return True

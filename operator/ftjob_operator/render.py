@@ -59,11 +59,13 @@ RESERVED_ENV = frozenset(
 )
 RESERVED_VOLUMES = frozenset({CHECKPOINT_VOLUME, SHM_VOLUME})
 
+# The trainer image's user (trainer_image/Dockerfile: USER 10001:10001); fsGroup makes claims writable by it.
+TRAINER_UID = 10001
 DEFAULT_POD_SECURITY_CONTEXT: dict[str, Any] = {
     "runAsNonRoot": True,
-    "runAsUser": 1000,
-    "runAsGroup": 1000,
-    "fsGroup": 1000,
+    "runAsUser": TRAINER_UID,
+    "runAsGroup": TRAINER_UID,
+    "fsGroup": TRAINER_UID,
     "seccompProfile": {"type": "RuntimeDefault"},
 }
 DEFAULT_CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
@@ -253,6 +255,15 @@ def _pod_common(spec: api.TrainingJobSpec) -> dict[str, Any]:
     return pod_spec
 
 
+def _image(spec: api.TrainingJobSpec) -> str:
+    if not spec.image:
+        # The planner resolves an unset image to the operator's default before rendering.
+        raise ValueError(
+            "spec.image is unset: resolve it to the operator's default trainer image before rendering"
+        )
+    return spec.image
+
+
 def _container_security(spec: api.TrainingJobSpec) -> dict[str, Any]:
     sc = spec.pod_template.security_context
     return dict(DEFAULT_CONTAINER_SECURITY_CONTEXT if sc is None else sc)
@@ -270,9 +281,10 @@ def render_coordinator_pod(
     _scheduling(pod_spec, spec.scheduling.coordinator)
     container: dict[str, Any] = {
         "name": COORDINATOR_CONTAINER,
-        "image": spec.image,
+        "image": _image(spec),
         "imagePullPolicy": spec.image_pull_policy,
-        "command": [
+        # args only, no command: the image's entrypoint (tini) stays PID 1 and forwards SIGTERM.
+        "args": [
             "python",
             "-m",
             "ftjob_trainer.coordinator",
@@ -305,8 +317,14 @@ def render_coordinator_pod(
     }
 
 
-def torchrun_args(ref: JobRef, spec: api.TrainingJobSpec) -> list[str]:
-    """torchrun's flags and the program it launches (the container's args; the command is `torchrun`)."""
+def rdzv_id(ref: JobRef, generation: int) -> str:
+    """One rendezvous per restart generation: a new generation never waits for (or joins) the old one's agents,
+    which may still be saving or reach an old coordinator through the Service; replacements keep the id."""
+    return f"{ref.uid}-g{generation}"
+
+
+def torchrun_args(ref: JobRef, spec: api.TrainingJobSpec, generation: int) -> list[str]:
+    """torchrun's flags and the program it launches (the worker container's args start with `torchrun`)."""
     rdzv = spec.rendezvous
     conf = ",".join(
         [
@@ -323,7 +341,7 @@ def torchrun_args(ref: JobRef, spec: api.TrainingJobSpec) -> list[str]:
         f"--nproc-per-node={spec.processes_per_worker}",
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint=$({ENV_COORDINATOR_ADDR}):{contract.RDZV_PORT}",
-        f"--rdzv-id={ref.uid}",
+        f"--rdzv-id={rdzv_id(ref, generation)}",
         f"--rdzv-conf={conf}",
         f"--max-restarts={TORCHRUN_MAX_RESTARTS}",
         f"--shutdown-timeout={timing(spec).shutdown_timeout_seconds}",
@@ -367,6 +385,11 @@ def checkpoint_volume(spec: api.TrainingJobSpec) -> dict[str, Any]:
     return {"name": CHECKPOINT_VOLUME, "emptyDir": empty.to_json()}
 
 
+def checkpoint_dir(ref: JobRef, spec: api.TrainingJobSpec) -> str:
+    """Where this job's checkpoints go: jobs that share a claim (or a hostPath) never see each other's."""
+    return f"{spec.checkpoint.mount_path.rstrip('/')}/{ref.namespace}/{ref.name}"
+
+
 def render_worker_pod(
     ref: JobRef, spec: api.TrainingJobSpec, *, index: int, generation: int, coordinator_ip: str
 ) -> dict[str, Any]:
@@ -384,7 +407,7 @@ def render_worker_pod(
         _token_env(ref),
         {"name": contract.ENV_JOB_NAME, "value": ref.name},
         {"name": contract.ENV_NAMESPACE, "value": ref.namespace},
-        {"name": "FTJOB_CHECKPOINT_DIR", "value": spec.checkpoint.mount_path},
+        {"name": "FTJOB_CHECKPOINT_DIR", "value": checkpoint_dir(ref, spec)},
         {"name": "FTJOB_CHECKPOINT_EVERY", "value": str(spec.checkpoint.every_steps)},
         {"name": "FTJOB_KEEP_LAST", "value": str(spec.checkpoint.keep_last)},
         {"name": contract.ENV_SAVE_DEADLINE, "value": str(t.save_deadline_seconds)},
@@ -399,10 +422,10 @@ def render_worker_pod(
     ]
     container: dict[str, Any] = {
         "name": WORKER_CONTAINER,
-        "image": spec.image,
+        "image": _image(spec),
         "imagePullPolicy": spec.image_pull_policy,
-        "command": ["torchrun"],
-        "args": torchrun_args(ref, spec),
+        # args only, no command: the image's entrypoint (tini) stays PID 1 and forwards SIGTERM to torchrun.
+        "args": ["torchrun", *torchrun_args(ref, spec, generation)],
         "env": env,
         "volumeMounts": mounts,
         "terminationMessagePath": contract.DEFAULT_TERMINATION_LOG,

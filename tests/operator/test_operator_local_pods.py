@@ -16,7 +16,8 @@ from tj_builders import UID, job
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
-        importlib.util.find_spec("ftjob_local.cluster") is None, reason="the local cluster is not in this build"
+        importlib.util.find_spec("ftjob_local.cluster") is None,
+        reason="the local cluster is not in this build",
     ),
 ]
 NS = "default"
@@ -57,7 +58,11 @@ def test_rendered_coordinator_runs_from_args_alone_and_becomes_ready(kube):
     spec = api.parse_spec(job("argsonly")["spec"])
     pod = render.render_coordinator_pod(ref, spec, index=0, generation=0)
     container = pod["spec"]["containers"][0]
-    assert "command" not in container and container["args"][:3] == ["python", "-m", "ftjob_trainer.coordinator"]
+    assert "command" not in container and container["args"][:3] == [
+        "python",
+        "-m",
+        "ftjob_trainer.coordinator",
+    ]
     _create(kube, render.render_secret(ref, "t0ken"))
     _create(kube, pod)
 
@@ -78,7 +83,9 @@ def test_args_alone_run_and_their_exit_code_counts(kube):
         "metadata": {"name": "exits-three"},
         "spec": {
             "restartPolicy": "Never",
-            "containers": [{"name": "main", "image": "x", "args": [sys.executable, "-c", "raise SystemExit(3)"]}],
+            "containers": [
+                {"name": "main", "image": "x", "args": [sys.executable, "-c", "raise SystemExit(3)"]}
+            ],
         },
     }
     _create(kube, body)

@@ -662,3 +662,103 @@ def test_status_round_trips_through_the_model():
 def test_plan_refuses_a_naive_time():
     with pytest.raises(ValueError, match="aware datetime"):
         plan(Observed(job=job()), NOW.replace(tzinfo=None))
+
+
+# --- the operator's default trainer image ----------------------------------------------------------------------
+class DefaultImageStore(Store):
+    """The store, observed by an operator whose default trainer image is `default_image`."""
+
+    default_image = ""
+
+    def observe(self) -> Observed:
+        return Observed(**dict(super().observe().__dict__, default_image=self.default_image))
+
+
+def _images(store: Store) -> set[str]:
+    return {p["spec"]["containers"][0]["image"] for p in store.pods.values()}
+
+
+def _without_image(**overrides) -> dict:
+    j = job(**overrides)
+    del j["spec"]["image"]
+    return j
+
+
+def test_unset_image_uses_the_operators_default_and_keeps_it():
+    store = DefaultImageStore(_without_image())
+    store.default_image = "ghcr.io/ftjob/trainer:0.1.0"
+    converge(store, NOW)
+    assert len(store.names("worker")) == 2 and _images(store) == {"ghcr.io/ftjob/trainer:0.1.0"}
+    assert store.status["image"] == "ghcr.io/ftjob/trainer:0.1.0"
+    # An operator upgraded to a new default does not restart a running job, nor lose the image it runs.
+    store.default_image = "ghcr.io/ftjob/trainer:0.2.0"
+    p = converge(store, at(5))
+    assert not p.of(Delete) and store.status["restartGeneration"] == 0
+    assert (
+        _images(store) == {"ghcr.io/ftjob/trainer:0.1.0"}
+        and store.status["image"] == "ghcr.io/ftjob/trainer:0.1.0"
+    )
+    # An image set in the spec wins (and restarts the pods, like any template edit).
+    store.job["spec"]["image"] = "mine:1"
+    store.job["metadata"]["generation"] = 2
+    converge(store, at(10))
+    store.finish_terminating()
+    converge(store, at(11))
+    assert store.status["restartGeneration"] == 1 and _images(store) == {"mine:1"}
+    assert store.status["image"] == "mine:1"
+
+
+def test_a_new_job_without_image_takes_the_current_default():
+    store = DefaultImageStore(_without_image())
+    store.default_image = "ghcr.io/ftjob/trainer:0.2.0"
+    converge(store, NOW)
+    assert _images(store) == {"ghcr.io/ftjob/trainer:0.2.0"}
+
+
+def test_spec_image_wins_over_the_default():
+    store = DefaultImageStore(job(image="mine:2"))
+    store.default_image = "ghcr.io/ftjob/trainer:0.1.0"
+    converge(store, NOW)
+    assert _images(store) == {"mine:2"} and store.status["image"] == "mine:2"
+
+
+def test_unset_image_without_a_default_is_invalid_until_the_operator_has_one():
+    obs = Observed(job=_without_image(), service=service(), secret_exists=True, new_token="t")
+    p = plan(obs, NOW)
+    assert not p.of(Create) and p.status["phase"] == "Invalid"
+    message = condition(p.status, "InvalidSpec")["message"]
+    assert "spec.image is not set" in message and "FTJOB_DEFAULT_TRAINER_IMAGE" in message
+    assert "image" not in p.status
+    # The same job, observed by an operator that has a default: valid, and pods are created with it.
+    fixed = Observed(**dict(obs.__dict__, job=_without_image(status=p.status), default_image="trainer:1"))
+    good = plan(fixed, at(1))
+    assert condition(good.status, "InvalidSpec")["status"] == "False"
+    created = [a.manifest for a in good.of(Create) if a.kind == "Pod"]
+    assert created and {m["spec"]["containers"][0]["image"] for m in created} == {"trainer:1"}
+
+
+# --- rendezvous ids across replacements and restarts -------------------------------------------------------------
+def _rdzv_ids(store: Store) -> dict[str, str]:
+    ids = {}
+    for name in store.names("worker"):
+        args = store.pods[name]["spec"]["containers"][0]["args"]
+        ids[name] = next(a for a in args if a.startswith("--rdzv-id="))
+    return ids
+
+
+def test_replacements_keep_the_rendezvous_id_and_a_restart_generation_gets_a_new_one():
+    store = started()
+    before = _rdzv_ids(store)
+    assert set(before.values()) == {f"--rdzv-id={UID}-g0"}
+    # A preempted worker's replacement joins the same rendezvous as the survivor.
+    store.preempt(store.names("worker")[0])
+    converge(store, at(1))
+    after = _rdzv_ids(store)
+    assert len(after) == 2 and set(after) != set(before) and set(after.values()) == {f"--rdzv-id={UID}-g0"}
+    # A failure restarts the job: the new generation's workers use a new rendezvous id.
+    store.exit(store.names("worker")[0], 1, "Error")
+    converge(store, at(2))
+    store.finish_terminating()
+    converge(store, at(60))
+    assert store.status["restartGeneration"] == 1
+    assert set(_rdzv_ids(store).values()) == {f"--rdzv-id={UID}-g1"}

@@ -92,7 +92,8 @@ def test_coordinator_pod():
     pod = render.render_coordinator_pod(REF, spec(), index=4, generation=1)
     c = pod["spec"]["containers"][0]
     assert pod["metadata"]["name"] == "tj-coordinator-4"
-    assert c["command"] == [
+    assert "command" not in c  # the image's entrypoint (tini) stays PID 1
+    assert c["args"] == [
         "python",
         "-m",
         "ftjob_trainer.coordinator",
@@ -119,13 +120,14 @@ def test_worker_pod_torchrun_args_env_and_volumes():
     pod = worker(workers={"min": 2, "max": 4}, processesPerWorker=3, args=["--log-every=5"])
     c = pod["spec"]["containers"][0]
     assert pod["metadata"]["name"] == "tj-worker-3" and pod["spec"]["restartPolicy"] == "Never"
-    assert c["command"] == ["torchrun"]
+    assert "command" not in c  # the image's entrypoint (tini) stays PID 1 and forwards SIGTERM to torchrun
     assert c["args"] == [
+        "torchrun",
         "--nnodes=2:4",
         "--nproc-per-node=3",
         "--rdzv-backend=c10d",
         "--rdzv-endpoint=$(FTJOB_COORDINATOR_ADDR):29400",
-        f"--rdzv-id={UID}",
+        f"--rdzv-id={UID}-g2",
         "--rdzv-conf=is_host=0,last_call_timeout=5,join_timeout=600,keep_alive_interval=1,keep_alive_max_attempt=2",
         f"--max-restarts={render.TORCHRUN_MAX_RESTARTS}",
         "--shutdown-timeout=27",
@@ -144,7 +146,7 @@ def test_worker_pod_torchrun_args_env_and_volumes():
     assert env[contract.ENV_COORDINATOR_URL] == "http://10.96.0.7:29401"
     assert env[contract.ENV_JOB_NAME] == "tj" and env[contract.ENV_NAMESPACE] == "ns"
     assert (env["FTJOB_CHECKPOINT_DIR"], env["FTJOB_CHECKPOINT_EVERY"], env["FTJOB_KEEP_LAST"]) == (
-        "/checkpoints",
+        "/checkpoints/ns/tj",
         "10",
         "2",
     )
@@ -222,3 +224,59 @@ def test_worker_needs_the_coordinator_ip():
 def test_flag_env_names_follow_the_trainer_contract():
     assert render.flag_env("--warmup-steps") == "FTJOB_WARMUP_STEPS"
     assert render.flag_env("seq-len") == contract.ENV_FLAG_PREFIX + "SEQ_LEN"
+
+
+def test_default_user_is_the_trainer_images_user():
+    # trainer_image/Dockerfile runs as a numeric USER; the pod default must be that same uid:gid.
+    from pathlib import Path
+
+    dockerfile = Path(__file__).resolve().parents[2] / "trainer_image" / "Dockerfile"
+    users = [line.split()[1] for line in dockerfile.read_text().splitlines() if line.startswith("USER ")]
+    assert users, f"no USER line in {dockerfile}"
+    uid, gid = (int(x) for x in users[-1].split(":"))
+    for pod in (worker(), render.render_coordinator_pod(REF, spec(), index=0, generation=0)):
+        sc = pod["spec"]["securityContext"]
+        assert (sc["runAsUser"], sc["runAsGroup"], sc["fsGroup"]) == (uid, gid, gid)
+        assert sc["runAsNonRoot"] is True
+
+
+@pytest.mark.parametrize("mount_path", ["/checkpoints", "/checkpoints/"])
+def test_jobs_sharing_a_claim_get_their_own_checkpoint_directory(mount_path):
+    shared = {"volume": {"persistentVolumeClaim": {"claimName": "team-ck"}}, "mountPath": mount_path}
+    dirs = set()
+    for name, namespace in (("a", "ns"), ("b", "ns"), ("a", "other")):
+        ref = render.JobRef(name=name, namespace=namespace, uid=UID)
+        pod = render.render_worker_pod(
+            ref, spec(checkpoint=shared), index=1, generation=0, coordinator_ip="10.0.0.1"
+        )
+        env = env_of(pod)
+        assert env["FTJOB_CHECKPOINT_DIR"] == f"/checkpoints/{namespace}/{name}"
+        assert pod["spec"]["volumes"][0]["persistentVolumeClaim"] == {"claimName": "team-ck"}
+        mount = next(
+            m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["name"] == "ftjob-checkpoints"
+        )
+        assert mount["mountPath"] == mount_path  # the whole claim is mounted; the env picks the job's folder
+        dirs.add(env["FTJOB_CHECKPOINT_DIR"])
+    assert len(dirs) == 3
+
+
+def test_rendezvous_id_changes_with_the_restart_generation_only():
+    def rdzv(index: int, generation: int) -> str:
+        pod = render.render_worker_pod(
+            REF, spec(), index=index, generation=generation, coordinator_ip="10.0.0.1"
+        )
+        return next(a for a in pod["spec"]["containers"][0]["args"] if a.startswith("--rdzv-id="))
+
+    assert rdzv(1, 0) == rdzv(7, 0) == f"--rdzv-id={UID}-g0"  # a replacement joins its peers
+    assert rdzv(8, 1) == f"--rdzv-id={UID}-g1" != rdzv(1, 0)  # a new generation never meets the old one
+    # The per-generation id is not part of the template: a restart does not look like an edited spec.
+    assert render.template_hash(REF, spec()) == render.template_hash(REF, spec())
+
+
+def test_rendering_needs_a_resolved_image():
+    unset = api.parse_spec({k: v for k, v in job()["spec"].items() if k != "image"})
+    assert unset.image is None
+    with pytest.raises(ValueError, match="operator's default trainer image"):
+        render.render_worker_pod(REF, unset, index=1, generation=0, coordinator_ip="10.0.0.1")
+    with pytest.raises(ValueError, match="operator's default trainer image"):
+        render.render_coordinator_pod(REF, unset, index=0, generation=0)

@@ -93,6 +93,7 @@ def test_status_field_names_and_vocabularies():
         "restarts",
         "lastCheckpoint",
         "step",
+        "image",
         "startTime",
         "completionTime",
         "lastFailure",

@@ -57,7 +57,12 @@ def test_the_trainer_parses_the_rendered_spec():
     assert (cfg.data.global_batch_size, cfg.data.seq_len, cfg.data.seed) == (4, 32, 7)
     assert cfg.optimizer.lr == 0.001
     ck = cfg.checkpoint
-    assert (ck.checkpoint_dir, ck.checkpoint_every, ck.keep_last, ck.async_checkpoint) == ("/ck", 5, 3, True)
+    assert (ck.checkpoint_dir, ck.checkpoint_every, ck.keep_last, ck.async_checkpoint) == (
+        "/ck/ns/tj",
+        5,
+        3,
+        True,
+    )
     assert (
         ck.save_deadline_seconds
         == render.timing(
@@ -80,15 +85,19 @@ def test_torchrun_accepts_the_rendered_arguments():
     from torch.distributed.run import get_args_parser
 
     spec = api.parse_spec(job(workers={"min": 2, "max": 3}, processesPerWorker=2)["spec"])
-    pod = render.render_worker_pod(REF, spec, index=1, generation=0, coordinator_ip="10.96.0.7")
+    pod = render.render_worker_pod(REF, spec, index=1, generation=4, coordinator_ip="10.96.0.7")
     # Kubernetes expands $(VAR) from the container env before torchrun sees the arguments.
     args = [
         a.replace("$(FTJOB_COORDINATOR_ADDR)", "10.96.0.7").replace("$(POD_IP)", "127.10.0.5")
         for a in pod["spec"]["containers"][0]["args"]
     ]
-    ns = get_args_parser().parse_args(args)
+    # No command: the image's entrypoint (tini) runs the args, whose first word is torchrun itself.
+    assert "command" not in pod["spec"]["containers"][0] and args[0] == "torchrun"
+    ns = get_args_parser().parse_args(args[1:])
     assert (ns.nnodes, ns.nproc_per_node, ns.rdzv_backend) == ("2:3", "2", "c10d")
-    assert ns.rdzv_endpoint == "10.96.0.7:29400" and ns.rdzv_id == UID and ns.local_addr == "127.10.0.5"
+    assert (
+        ns.rdzv_endpoint == "10.96.0.7:29400" and ns.rdzv_id == f"{UID}-g4" and ns.local_addr == "127.10.0.5"
+    )
     assert float(ns.shutdown_timeout) == render.timing(spec).shutdown_timeout_seconds
     assert (ns.module, ns.training_script) == (True, "ftjob_trainer.train")
     conf = _parse_rendezvous_config(ns.rdzv_conf)
