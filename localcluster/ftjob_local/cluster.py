@@ -197,9 +197,10 @@ class LocalCluster:
                 stopped.append(name)
                 say(f"stopped {name} (pid {rec['pid']})")
         swept = 0
-        for pid_file in (self.dir / "pods").glob("*/containers/*/pid"):
-            if kill_recorded(pid_file):
-                swept += 1
+        if only is None or "node-agent" in only:  # pod processes belong to the node agent: only then
+            for pid_file in (self.dir / "pods").glob("*/containers/*/pid"):
+                if kill_recorded(pid_file):
+                    swept += 1
         if swept:
             say(f"killed {swept} leftover pod process group(s)")
         if only is None and not stopped:

@@ -224,11 +224,14 @@ class PodWorker:
     def update(self, pod: Obj) -> None:
         self.pod = pod
         m = meta(pod)
-        if m.get("deletionTimestamp") and not self.delete_requested.is_set():
+        if m.get("deletionTimestamp"):
             grace = m.get("deletionGracePeriodSeconds")
             if grace is None:
                 grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
-            self.grace_deadline = time.monotonic() + max(0, int(grace))
+            deadline = time.monotonic() + max(0, int(grace))
+            # A second delete may shorten the grace period (kubectl delete --grace-period=1 after a first delete).
+            if self.grace_deadline is None or deadline < self.grace_deadline:
+                self.grace_deadline = deadline
             self.delete_requested.set()
             self.wake.set()
 
@@ -282,7 +285,10 @@ class PodWorker:
             if self.initialized and all(c.done for c in self.ctrs) or self._init_failed():
                 # Terminal: nothing runs any more, so the thread ends; the kubelet deletes the pod's folder
                 # when the object goes.
-                self._patch_status(force=True)
+                # The final status must land even if the API server is away for a while.
+                while not self._patch_status(force=True) and not self.gone and not self.delete_requested.is_set():
+                    self.wake.wait(1.0)
+                    self.wake.clear()
                 self.terminal = True
                 return
             self.wake.wait(self._timeout())
@@ -740,25 +746,28 @@ class PodWorker:
             status["initContainerStatuses"] = [self._container_status(c) for c in self.inits]
         return status
 
-    def _patch_status(self, force: bool = False) -> None:
+    def _patch_status(self, force: bool = False) -> bool:
+        """Writes the pod's status if it changed (or force); False when the write failed (retried later)."""
         if self.gone or not self.pod_ip:
-            return
+            return True
         status = self._status()
         comparable = json.dumps({**status, "conditions": [{k: v for k, v in c.items() if k != "lastTransitionTime"}
                                                           for c in status["conditions"]]}, sort_keys=True)
         if not force and comparable == self.last_status:
-            return
+            return True
         try:
             self.pod = self.k.kube.merge_patch(pod_path(self.ns, self.name, "status"),
                                                {"metadata": {"uid": self.uid}, "status": status})
             self.last_status = comparable
+            return True
         except ApiError as e:
             if e.status == 404:
                 self.gone = True
-            else:
-                log.warning("pod %s/%s: status update failed: %s", self.ns, self.name, e)
+                return True
+            log.warning("pod %s/%s: status update failed: %s", self.ns, self.name, e)
         except Exception as e:  # the API server may be restarting; retried on the next tick
             log.warning("pod %s/%s: status update failed: %s", self.ns, self.name, e)
+        return False
 
     # --- termination ----------------------------------------------------------------------------------------------
     def _signal(self, c: Ctr, sig: int) -> None:
@@ -788,8 +797,13 @@ class PodWorker:
                         c.done = True
                 time.sleep(0.05)
             self._patch_status(force=True)
-        if not self.gone:
-            self.k.kube.delete(pod_path(self.ns, self.name), grace=0, uid=self.uid)
+        while not self.gone:  # the final delete, retried while the API server is away
+            try:
+                self.k.kube.delete(pod_path(self.ns, self.name), grace=0, uid=self.uid)
+                break
+            except Exception as e:
+                log.warning("pod %s/%s: final delete failed (retrying): %s", self.ns, self.name, e)
+                time.sleep(1.0)
 
     def _finish(self) -> None:
         self.k.release_ip(self.pod_ip)

@@ -373,6 +373,9 @@ def test_pods_keep_running_across_an_api_server_restart(kube, cluster, tmp_path)
     wait_for(phase_is(kube, pod_name, "Running"), 30, what="pod running")
     pid_file = cluster.dir / "pods" / created["metadata"]["uid"] / "containers" / "main" / "pid"
     pid = int(pid_file.read_text().split()[0])
+    cluster.down(only=["apiserver"], say=lambda *_: None)
+    tick = int(marker.read_text())
+    wait_for(lambda: int(marker.read_text()) > tick + 3, 10, what="the pod to go on while the API server is down")
     cluster.restart("apiserver")
     os.kill(pid, 0)  # the process was never touched
     assert get_pod(kube, pod_name)["status"]["phase"] == "Running"

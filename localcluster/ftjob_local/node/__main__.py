@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--nodes and --spot-nodes must be >= 0 and at least one node in total")
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("urllib3").setLevel(logging.ERROR)  # its retry warnings repeat what our own logs say
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

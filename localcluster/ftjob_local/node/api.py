@@ -144,6 +144,7 @@ class Informer:
         self.synced = threading.Event()
         self.listeners: list[Callable[[str, Obj], None]] = []
         self._stop = threading.Event()
+        self._failing = False
         self._thread = threading.Thread(target=self._run, name=f"informer-{name}", daemon=True)
 
     def start(self) -> Informer:
@@ -192,11 +193,16 @@ class Informer:
                     log.warning("watch %s: %s", self.path, e)
                     self._stop.wait(1)
             except Exception as e:  # connection refused/reset while the API server restarts
-                log.warning("watch %s: %s", self.path, e)
+                if not self._failing:
+                    log.warning("watch %s: %s (retrying every second)", self.path, e)
+                self._failing = True
                 self._stop.wait(1)
 
     def _relist(self) -> str:
         doc = self.kube.request("GET", self.path)
+        if self._failing:
+            log.info("watch %s: connected again", self.path)
+            self._failing = False
         fresh = {key_of(o): o for o in doc.get("items") or []}
         with self._lock:
             gone = [o for k, o in self._cache.items() if k not in fresh]
