@@ -153,6 +153,26 @@ class Bench:
         self.free()
         return out
 
+    def profile(self) -> dict:
+        """Where an engine step's device time goes: the top kernels (to tell matmuls from everything else)."""
+        from torch.profiler import ProfilerActivity, profile
+
+        eng, batches = self.engine()
+        self.time_engine(eng, None, batches, 0, 3)
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        with profile(activities=acts) as prof:
+            self.time_engine(eng, None, batches, 3, 3)
+        key = "self_device_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
+        rows = sorted(prof.key_averages(), key=lambda e: getattr(e, key, 0), reverse=True)
+        total = sum(getattr(e, key, 0) for e in rows) or 1
+        top = [
+            {"name": e.key[:90], "share": getattr(e, key, 0) / total, "ms_per_step": getattr(e, key, 0) / 3e3}
+            for e in rows[:25]
+        ]
+        del eng
+        self.free()
+        return {"sort": key, "top": top}
+
     def compiled(self) -> dict:
         a = self.args
         eng, batches = self.engine(compile=True)
@@ -230,6 +250,8 @@ class Bench:
         sigterm_to_commit = time.monotonic() - signals.at
         signals.restore()
         ideal = state_bytes / disk_bw
+        write_threads = ckpt.write_threads
+        ckpt.close()  # releases the pinned staging buffers
         del eng, ckpt
         self.free()
         # load at resume: a fresh engine, page cache of the checkpoint dropped (as on a new node)
@@ -249,6 +271,7 @@ class Bench:
             "async_save_stall_max_seconds": max(stalls),
             "async_save_background_seconds": commits,
             "staged_async_save": STAGED_ASYNC,
+            "write_threads": write_threads,
             "state_bytes": state_bytes,
             "disk_write_bytes_per_s": disk_bw,
             "sigterm_to_commit_seconds": sigterm_to_commit,
@@ -300,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         "--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS, help="per-GPU dense bf16 peak for MFU"
     )
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile measurement")
+    p.add_argument("--profile", action="store_true", help="add the top kernels of 3 engine steps")
     p.add_argument("--workdir", default=None, help="where checkpoints go (default: a temporary directory)")
     a = p.parse_args(argv)
     defaults = dict(
@@ -334,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
             },
             "throughput": bench.throughput(),
             "compile": None if a.no_compile or a.smoke else bench.compiled(),
+            "profile": bench.profile() if a.profile else None,
             "checkpoint": bench.checkpointing(),
         }
     finally:

@@ -15,3 +15,15 @@ def procs(tmp_path: Path):
         yield p
     finally:
         p.cleanup()
+
+
+@pytest.fixture
+def world_of_one():
+    """An in-process gloo world of one: the real engine and checkpointer without torchrun."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

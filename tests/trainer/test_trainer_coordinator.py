@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import socket
+from datetime import timedelta
+
 import pytest
+from ftjob_trainer import contract
 from torch.distributed import TCPStore
 from trainer_testlib import (
     TINY,
     finish,
+    free_port,
     http,
     list_steps,
     log_of,
@@ -107,3 +112,24 @@ def test_checkpoint_request_saves_on_all_ranks_and_training_continues(procs, tmp
     code, progress = http("GET", base + "/v1/progress", TOKEN)
     assert progress["handledRequestId"] == 1 and progress["step"] == 80 and progress["worldSize"] == 2
     assert progress["lastCheckpoint"]["step"] == 80 and progress["loss"] == pytest.approx(doc["loss"])
+
+
+def test_two_coordinators_on_two_addresses_share_the_ports(procs):
+    """The local cluster runs every pod as a process of one host: two jobs' coordinators each listen on their own
+    pod IP with the same ports (torch's TCPStore alone would take *:<port> and the second would fail)."""
+    store_port, control_port = free_port(), free_port()
+    hosts = ["127.0.0.2", "127.0.0.3"]
+    for i, host in enumerate(hosts):
+        _, ports = start_coordinator(
+            procs, f"token-{i}", f"coord-{i}", host=host, store_port=store_port, control_port=control_port
+        )
+        assert ports == {"host": host, "storePort": store_port, "controlPort": control_port}
+    stores = [TCPStore(host, store_port, is_master=False, timeout=timedelta(seconds=10)) for host in hosts]
+    stores[0].set("job", "a")
+    stores[1].set("job", "b")
+    assert [s.get("job") for s in stores] == [b"a", b"b"], "each address must reach its own store"
+    for i, host in enumerate(hosts):
+        code, doc = http("GET", f"http://{host}:{control_port}{contract.ROUTE_PROGRESS}", f"token-{i}")
+        assert code == 200 and "step" in doc
+    with socket.socket() as s, pytest.raises(ConnectionRefusedError):
+        s.connect(("127.0.0.1", store_port))  # nothing listens on the wildcard address

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 from ftjob_trainer.checkpoint import Checkpointer, list_committed, needs_manual_param_reload
 from ftjob_trainer.config import ModelConfig, OptimizerConfig, ParallelConfig
 from ftjob_trainer.engine import Engine, build_model, state_sha256
@@ -30,15 +29,6 @@ class Flags:
 )
 def test_decision(attrs, move):
     assert needs_manual_param_reload(Flags(**attrs)) is move
-
-
-@pytest.fixture
-def world_of_one():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 class CountingEngine(Engine):

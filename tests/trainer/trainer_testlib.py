@@ -162,20 +162,26 @@ def report_step(path: Path) -> int:
 
 
 def start_coordinator(
-    procs: Procs, token: str = "s3cret", name: str = "coordinator"
+    procs: Procs,
+    token: str = "s3cret",
+    name: str = "coordinator",
+    *,
+    host: str = "127.0.0.1",
+    store_port: int = 0,
+    control_port: int = 0,
 ) -> tuple[subprocess.Popen, dict]:
-    """The real coordinator on free ports (port 0); returns the process and its first stdout line (the ports)."""
+    """The real coordinator (port 0: free ports); returns the process and its first stdout line (the ports)."""
     p = procs.start(
         [
             sys.executable,
             "-m",
             "ftjob_trainer.coordinator",
             "--host",
-            "127.0.0.1",
+            host,
             "--store-port",
-            "0",
+            str(store_port),
             "--control-port",
-            "0",
+            str(control_port),
         ],
         name=name,
         env={"FTJOB_TOKEN": token},

@@ -155,6 +155,28 @@ def _staged_async_supported() -> bool:
 
 STAGED_ASYNC = _staged_async_supported()
 
+if STAGED_ASYNC:
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    class ReusableStager(DefaultStager):
+        """DefaultStager that stays usable for every save of the job, so its pinned host buffers are allocated once.
+
+        torch 2.11's DefaultStager._stage() closes its StateDictStager after each staging: that drops the pinned
+        buffers and clears the deepcopy dispatch table, so the 2nd save fails (KeyError: <class 'type'>, the
+        first class met while copying any dict). torch 2.13 no longer does it. Same staging, without that close;
+        Checkpointer.close() releases the buffers at the end."""
+
+        def _stage(self, state_dict, **kwargs):
+            stager = self._state_dict_stager
+            if not self._config.use_non_blocking_copy:
+                return stager.stage(state_dict, non_blocking=False)
+            stream = self._staging_stream
+            with stream if stream is not None else contextlib.nullcontext():
+                staged = stager.stage(state_dict, non_blocking=True)
+            # the copies were only enqueued: wait for them before anyone reads the host buffers
+            stream.synchronize() if stream is not None else torch.accelerator.synchronize()
+            return staged
+
 
 @dataclasses.dataclass
 class InFlight:
@@ -175,8 +197,18 @@ class Loaded:
 
 
 class Checkpointer:
-    def __init__(self, root: str | None, keep_last: int, engine: Any, rank: int, world_size: int):
+    def __init__(
+        self,
+        root: str | None,
+        keep_last: int,
+        engine: Any,
+        rank: int,
+        world_size: int,
+        *,
+        write_threads: int = 8,
+    ):
         self.root, self.keep_last, self.engine = root, keep_last, engine
+        self.write_threads = write_threads
         self.rank, self.world_size = rank, world_size
         self.inflight: InFlight | None = None
         self.last_committed: tuple[int, str] | None = None
@@ -205,6 +237,29 @@ class Checkpointer:
         model_sd, optim_sd = get_state_dict(self.engine.model, self.engine.optimizer)
         return {MODEL_KEY: model_sd, OPTIM_KEY: optim_sd}
 
+    def _get_stager(self):
+        if self.stager is None:
+            cuda = torch.cuda.is_available()
+            # pinned host buffers are allocated by the first save and reused by every later one
+            self.stager = ReusableStager(
+                StagingOptions(
+                    use_pinned_memory=cuda,
+                    use_shared_memory=False,
+                    use_async_staging=True,
+                    use_non_blocking_copy=cuda,
+                )
+            )
+        return self.stager
+
+    def close(self) -> None:
+        """Drain an in-flight save and release the staging buffers."""
+        try:
+            self.drain()
+        finally:
+            if self.stager is not None:
+                self.stager.close()
+                self.stager = None
+
     # --- save ------------------------------------------------------------------------------------------------
     def save(
         self, step: int, meta: dict, *, asynchronous: bool = False, request_id: int | None = None
@@ -232,34 +287,31 @@ class Checkpointer:
         with open(rng_file, "rb+") as f:
             os.fsync(f.fileno())
         meta = dict(meta, format=FORMAT, step=step, world_size=self.world_size)
-        writer = FileSystemWriter(tmp, sync_files=True)
+        # Several writer threads, each with its own file: one stream (DCP's default) left the disk half idle and
+        # serialized the device-to-host copies with the writes (bench: 26 s for 11.4 GB on a 1.55 GB/s disk).
+        writer = FileSystemWriter(tmp, sync_files=True, thread_count=self.write_threads)
         with params_on_device(self.engine):
             state = self._state()
-            if not self.state_bytes:
-                self.state_bytes = _nbytes(state)
-            if not asynchronous:
-                dcp.save(state, storage_writer=writer, process_group=self.pg)
-                staging = upload = None
-            elif STAGED_ASYNC:
-                from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-                if self.stager is None:
-                    cuda = torch.cuda.is_available()
-                    # pinned host buffers are allocated once and reused by every later save
-                    self.stager = DefaultStager(
-                        StagingOptions(
-                            use_pinned_memory=cuda,
-                            use_shared_memory=False,
-                            use_async_staging=True,
-                            use_non_blocking_copy=cuda,
-                        )
+            if not self.state_bytes:  # the first save: check once what the stager will deep-copy
+                bad = non_data_values(state)
+                if bad:
+                    raise TypeError(
+                        "the checkpoint state may hold only tensors and plain data (the async stager deep-copies "
+                        f"it); move these into the step's metadata or drop them: {bad[:5]}"
                     )
+                self.state_bytes = _nbytes(state)
+            if STAGED_ASYNC:
+                # Sync saves (the preemption save) take the same path and wait: copying into the pinned buffers the
+                # periodic saves already hold beats DCP's pageable per-tensor copies in the writer threads.
                 resp = dcp.async_save(
-                    state, storage_writer=writer, process_group=self.pg, async_stager=self.stager
+                    state, storage_writer=writer, process_group=self.pg, async_stager=self._get_stager()
                 )
                 staging, upload = resp.staging_completion, resp.upload_completion
                 if needs_manual_param_reload(self.engine):
                     staging.result()  # the params move back to the host right after this block
+            elif not asynchronous:
+                dcp.save(state, storage_writer=writer, process_group=self.pg)
+                staging = upload = None
             else:  # older torch: async_save stages synchronously (no pinned reuse), then writes in the background
                 upload, staging = dcp.async_save(state, storage_writer=writer, process_group=self.pg), None
         self.inflight = InFlight(step, tmp, meta, started, staging, upload, request_id)
@@ -394,6 +446,26 @@ class Checkpointer:
         torch.set_rng_state(rng["cpu"])
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state(rng["cuda"])
+
+
+PLAIN = (str, int, float, bool, type(None))
+
+
+def non_data_values(state: Any, path: str = "") -> list[str]:
+    """Where the state holds something other than tensors, plain scalars/strings and containers of them (a class,
+    a function, a dtype, an arbitrary object): such values do not belong in the part DCP stages and writes."""
+    if isinstance(state, torch.Tensor) or isinstance(state, PLAIN):
+        return []
+    if isinstance(state, dict):
+        out = []
+        for k, v in state.items():
+            if not isinstance(k, PLAIN):
+                out.append(f"{path}: key {k!r} ({type(k).__name__})")
+            out += non_data_values(v, f"{path}.{k}" if path else str(k))
+        return out
+    if isinstance(state, (list, tuple)):
+        return [p for i, v in enumerate(state) for p in non_data_values(v, f"{path}[{i}]")]
+    return [f"{path or '<root>'}: {type(state).__name__} {state!r:.80}"]
 
 
 def _nbytes(state: dict) -> int:

@@ -121,6 +121,11 @@ class CheckpointConfig:
         25.0,
         "seconds a preemption save may take from the signal to commit (operator: grace period minus margin)",
     )
+    write_threads: int = opt(
+        8,
+        "threads (and files) per rank that write a checkpoint: one stream rarely fills a disk",
+        flag="--checkpoint-write-threads",
+    )
 
     def __post_init__(self) -> None:
         if self.keep_last < 1:
@@ -129,6 +134,8 @@ class CheckpointConfig:
             )
         if self.checkpoint_every < 0:
             raise ConfigError(f"--checkpoint-every must be >= 0 (got {self.checkpoint_every})")
+        if self.write_threads < 1:
+            raise ConfigError(f"--checkpoint-write-threads must be >= 1 (got {self.write_threads})")
         if self.save_deadline_seconds <= 0:
             raise ConfigError(f"--save-deadline-seconds must be > 0 (got {self.save_deadline_seconds})")
         if self.checkpoint_dir is None and (self.checkpoint_every or self.async_checkpoint):

@@ -87,7 +87,8 @@ class Engine:
             lr=opt_cfg.lr,
             betas=(0.9, 0.95),
             weight_decay=opt_cfg.weight_decay,
-            foreach=True,
+            # fused on CUDA (each param, grad and moment read once per step); foreach where params live on the CPU
+            **({"fused": True} if device.type == "cuda" and not par_cfg.cpu_offload else {"foreach": True}),
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(opt_cfg, total_steps))
         if self._is_offload_param:

@@ -66,9 +66,12 @@ def parallelize(
     if cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
     units = shard_units(model)
+    # a world of one gathers nothing: resharding after forward would only re-copy and re-cast every block's
+    # params in backward
+    reshard = dist.get_world_size() > 1
     for i, unit in enumerate(units):
         # the last block's params are needed again right away by backward: keep them gathered
-        fully_shard(unit, reshard_after_forward=i < len(units) - 1, **kwargs)
+        fully_shard(unit, reshard_after_forward=reshard and i < len(units) - 1, **kwargs)
     fully_shard(model, **kwargs)
     log.info(
         "FSDP2: %d blocks + root sharded (cpu_offload=%s, mp=%s)", len(units), cpu_offload, mp.param_dtype

@@ -67,7 +67,12 @@ class Trainer:
             total_steps=cfg.run.steps,
         )
         self.ckpt = Checkpointer(
-            cfg.checkpoint.checkpoint_dir, cfg.checkpoint.keep_last, self.engine, self.rank, self.world_size
+            cfg.checkpoint.checkpoint_dir,
+            cfg.checkpoint.keep_last,
+            self.engine,
+            self.rank,
+            self.world_size,
+            write_threads=cfg.checkpoint.write_threads,
         )
         self.client: CoordinatorClient | None = None
         url = cfg.preemption.coordinator_url
@@ -279,7 +284,7 @@ class Trainer:
 
     def close(self) -> None:
         try:
-            self.ckpt.drain()  # never exit with a save half-written in the background
+            self.ckpt.close()  # never exit with a save half-written in the background
         except Exception:  # noqa: BLE001 - closing after an error: say so, keep closing
             log.exception("draining the in-flight checkpoint failed; it stays uncommitted")
         if self.client:

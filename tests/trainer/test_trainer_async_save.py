@@ -1,0 +1,87 @@
+"""Async saves with the reused stager (torch 2.11 broke the 2nd save: its DefaultStager closed itself after every
+staging, KeyError: <class 'type'>), and the rule that the staged state holds only tensors and plain data.
+CPU, a world of one, the real engine and checkpointer; on the GPU machine the same tests run under torch 2.11."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+from ftjob_trainer.checkpoint import STAGED_ASYNC, Checkpointer, list_committed, non_data_values
+from ftjob_trainer.config import ModelConfig, OptimizerConfig, ParallelConfig
+from ftjob_trainer.engine import Engine, build_model, state_sha256
+
+
+def make_engine() -> Engine:
+    cfg = ModelConfig(name="tiny")
+    return Engine(
+        build_model(cfg, torch.device("cpu"), seed=0),
+        device=torch.device("cpu"),
+        model_cfg=cfg,
+        opt_cfg=OptimizerConfig(),
+        par_cfg=ParallelConfig(),
+        total_steps=20,
+    )
+
+
+def train_step(engine: Engine, ckpt: Checkpointer, step: int) -> None:
+    g = torch.Generator().manual_seed(step)
+    tokens = torch.randint(0, engine.vocab_size, (2, 17), generator=g)
+    engine.train_step([(tokens[:, :-1], tokens[:, 1:])], before_optimizer=ckpt.wait_for_staging)
+
+
+def test_staged_state_holds_only_tensors_and_plain_data(world_of_one, tmp_path):
+    engine = make_engine()
+    ckpt = Checkpointer(str(tmp_path), keep_last=2, engine=engine, rank=0, world_size=1)
+    train_step(engine, ckpt, 0)  # AdamW state and the scheduler's initial_lr exist only after a step
+    state = ckpt._state()
+    assert non_data_values(state) == []
+    assert state["optim"]["state"], "the walk must see the optimizer state, not an empty dict"
+
+
+def test_the_walk_names_classes_functions_and_objects():
+    bad = non_data_values(
+        {"ok": [torch.zeros(1), 1, 2.0, "s", None, True], "cls": int, "dtype": torch.float32, "fn": len}
+    )
+    assert sorted(b.split(":")[0] for b in bad) == ["cls", "dtype", "fn"]
+
+
+def test_a_class_in_the_state_is_refused_before_staging(world_of_one, tmp_path):
+    engine = make_engine()
+    ckpt = Checkpointer(str(tmp_path), keep_last=2, engine=engine, rank=0, world_size=1)
+    ckpt._state = lambda: {"model": {"w": torch.zeros(2)}, "optim": {"cls": torch.optim.AdamW}}
+    with pytest.raises(TypeError, match=r"optim\.cls"):
+        ckpt.save(1, {}, asynchronous=True)
+
+
+@pytest.mark.skipif(not STAGED_ASYNC, reason="this torch has no staged async_save")
+def test_three_async_saves_in_a_row_all_commit(world_of_one, tmp_path):
+    engine = make_engine()
+    ckpt = Checkpointer(str(tmp_path), keep_last=3, engine=engine, rank=0, world_size=1, write_threads=3)
+    hashes, stagers = {}, set()
+    step = 0
+    try:
+        for _ in range(3):
+            train_step(engine, ckpt, step)
+            step += 1
+            hashes[step] = state_sha256(*engine.full_state())
+            assert ckpt.save(step, {"scheduler": engine.scheduler.state_dict()}, asynchronous=True) is None
+            stagers.add(id(ckpt.stager))
+            train_step(engine, ckpt, step)  # waits for staging before the optimizer changes the params
+            step += 1
+            done = ckpt.drain()
+            assert done is not None and done[0] == step - 1, f"async save of step {step - 1} did not commit"
+    finally:
+        ckpt.close()
+    assert len(stagers) == 1, "every save must reuse the one stager (its host buffers)"
+    committed = list_committed(str(tmp_path))
+    assert [s for s, _ in committed] == [5, 3, 1]
+    # each committed save holds the state of its own step (staging copied it before the next step changed it)
+    for saved_step, path in committed:
+        alone = tmp_path / f"alone-{saved_step}"
+        shutil.copytree(path, alone / os.path.basename(path))
+        fresh = make_engine()
+        got = Checkpointer(str(alone), keep_last=3, engine=fresh, rank=0, world_size=1).load_latest()
+        assert got.step == saved_step and state_sha256(*fresh.full_state()) == hashes[saved_step]
