@@ -248,6 +248,7 @@ class Bench:
         agree(signals.received is not None, 0, NO_DEFICIT)
         ckpt.save(step, {"scheduler": eng.scheduler.state_dict()})
         sigterm_to_commit = time.monotonic() - signals.at
+        phases = dict(ckpt.save_phases)
         signals.restore()
         ideal = state_bytes / disk_bw
         write_threads = ckpt.write_threads
@@ -275,6 +276,7 @@ class Bench:
             "state_bytes": state_bytes,
             "disk_write_bytes_per_s": disk_bw,
             "sigterm_to_commit_seconds": sigterm_to_commit,
+            "sigterm_save_phases_seconds": phases,
             "ideal_write_seconds": ideal,
             "sigterm_to_commit_over_ideal": sigterm_to_commit / ideal,
             "load_seconds": load_s,

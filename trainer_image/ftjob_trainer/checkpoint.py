@@ -187,6 +187,7 @@ class InFlight:
     staging: Any  # a Future done when the state is copied to host memory (None: staged synchronously)
     upload: Any  # a Future done when every rank's shards and the .metadata are written
     request_id: int | None
+    marks: dict = dataclasses.field(default_factory=dict)  # phase -> seconds since started (see save_phases)
 
 
 @dataclasses.dataclass
@@ -213,6 +214,7 @@ class Checkpointer:
         self.inflight: InFlight | None = None
         self.last_committed: tuple[int, str] | None = None
         self.save_seconds: float | None = None  # measured: last save from start to commit
+        self.save_phases: dict = {}
         self.state_bytes = 0
         self.stager = None
         # DCP's collectives run on their own gloo group: an async save's background thread must not share a
@@ -315,6 +317,7 @@ class Checkpointer:
             else:  # older torch: async_save stages synchronously (no pinned reuse), then writes in the background
                 upload, staging = dcp.async_save(state, storage_writer=writer, process_group=self.pg), None
         self.inflight = InFlight(step, tmp, meta, started, staging, upload, request_id)
+        self.inflight.marks["submitted"] = time.monotonic() - started
         if asynchronous:
             return None
         _, path, _ = self._finish()
@@ -366,8 +369,10 @@ class Checkpointer:
         self.inflight = None
         if f.staging is not None:
             f.staging.result()
+        f.marks["staged"] = time.monotonic() - f.started
         if f.upload is not None:
             f.upload.result()  # raises if any rank failed: nothing gets committed
+        f.marks["written"] = time.monotonic() - f.started
         final = os.path.join(self.root, committed_name(f.step))
         if self.rank == 0:
             elapsed = time.monotonic() - f.started
@@ -377,10 +382,15 @@ class Checkpointer:
             _fsync_dir(f.tmp)
             os.rename(f.tmp, final)  # the commit
             _fsync_dir(self.root)
+            f.marks["committed"] = time.monotonic() - f.started
             for victim in retention_victims(list_committed(self.root), self.keep_last):
                 log.info("retention: deleting %s (keeping the newest %d committed)", victim, self.keep_last)
                 shutil.rmtree(victim, ignore_errors=True)
         self.save_seconds = time.monotonic() - f.started
+        f.marks["done"] = self.save_seconds
+        # For a sync save, where its time went (cumulative seconds): state dict + submit, copy to host memory,
+        # shards written and fsynced, commit (rank 0), retention. For an async one, when each wait ended.
+        self.save_phases = dict(f.marks)
         self.last_committed = (f.step, final)
         log.info("checkpoint step %d committed at %s in %.2fs", f.step, final, self.save_seconds)
         return f.step, final, f.request_id
