@@ -305,6 +305,24 @@ def test_graceful_deletion_sigterm_then_sigkill_after_grace(kube, cluster, tmp_p
     assert time.monotonic() - t0 < 10
 
 
+
+def test_liveness_probe_failure_restarts_the_container(kube, cluster):
+    pod_name = name("unhealthy")
+    make_pod(kube, pod_name, [PY, "-c", "import time; time.sleep(60)"], restartPolicy="OnFailure",
+             terminationGracePeriodSeconds=0,
+             container={"livenessProbe": {"exec": {"command": [PY, "-c", "raise SystemExit(1)"]},
+                                          "periodSeconds": 1, "failureThreshold": 2}})
+
+    def restarted():
+        p = get_pod(kube, pod_name)
+        s = ((p or {}).get("status", {}).get("containerStatuses") or [{}])[0]
+        return s if s.get("restartCount", 0) >= 1 else None
+    status = wait_for(restarted, 30, what="a restart after the liveness probe failed")
+    assert status["lastState"]["terminated"]["exitCode"] == 137
+    assert any(e["reason"] == "Unhealthy" for e in events_for(kube, pod_name))
+    kubectl(cluster, "delete", "pod", pod_name, "--wait=true", "--timeout=30s")
+
+
 HTTP_SERVER = r"""
 import http.server, os
 class H(http.server.BaseHTTPRequestHandler):
