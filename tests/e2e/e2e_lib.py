@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from ftjob_local.cluster import LocalCluster, _http_ok
+from ftjob_local.cluster import LocalCluster
 from ftjob_local.demo import Session
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,19 +40,14 @@ def start_cluster(state: Path) -> Session:
 
 
 def restart_operator(cluster: LocalCluster) -> None:
-    """Stop the operator's process group and start a fresh one (same kubeconfig), as a pod restart would."""
-    assert cluster.down(only=["operator"], say=lambda *_: None) == ["operator"]
-    cluster._start_operator(30, lambda *_: None, [])  # LocalCluster has no public restart of one component
+    """Start the operator again (same command line) after the test stopped it, as a pod restart would."""
+    cluster.restart("operator", timeout=30)
     assert cluster.alive("operator")
 
 
 def restart_apiserver(cluster: LocalCluster) -> None:
-    """Stop the API server and start it again on the same port and state folder (its objects persist there)."""
-    port = cluster.alive("apiserver")["port"]
-    assert cluster.down(only=["apiserver"], say=lambda *_: None) == ["apiserver"]
-    proc = cluster._spawn("apiserver", [sys.executable, "-m", "ftjob_local.apiserver", "--state-dir",
-                                        str(cluster.dir), "--port", str(port)], {"port": port})
-    cluster._wait("apiserver", proc, lambda: _http_ok(f"http://127.0.0.1:{port}/version"), 30)
+    """Start the API server again on its port and state folder (its objects persist there)."""
+    cluster.restart("apiserver", timeout=30)
 
 
 def tail(path: Path, lines: int = 40) -> str:
