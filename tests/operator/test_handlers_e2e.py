@@ -49,12 +49,12 @@ PODS = f"/api/v1/namespaces/{NS}/pods"
 #   crash  write an "error" termination message, then end its torchrun agent with SIGKILL: torchrun restarts a
 #          failing worker itself (--max-restarts is large), so a pod only fails when the agent does
 #   serve  report progress twice a second, answer checkpoint requests with a "committed" checkpoint, and on
-#          SIGTERM take SAVE_SECONDS (as a save would) then exit 75 ("checkpointed, restart me")
+#          SIGTERM take $FAKE_SAVE_SECONDS (as a save would) then exit 75 ("checkpointed, restart me")
 FAKE_TRAINER = r"""
 import json, os, signal, sys, time, urllib.request
 from datetime import datetime, timezone
 
-SAVE_SECONDS = 2.0
+SAVE_SECONDS = float(os.environ.get("FAKE_SAVE_SECONDS", "2"))
 mode = sys.argv[1]
 url, token = os.environ["FTJOB_COORDINATOR_URL"], os.environ["FTJOB_TOKEN"]
 rank0 = os.environ.get("GROUP_RANK", "0") == "0" and os.environ.get("LOCAL_RANK", "0") == "0"
@@ -473,7 +473,9 @@ def test_failures_back_off_then_fail_with_pod_exit_code_and_message(jobs):
 
 def test_preempted_worker_is_replaced_at_once_and_counted_as_a_preemption(jobs):
     env, name = jobs, "preempt"
-    env.create_job(name, "serve")
+    # A save that takes 6 s (inside the 10 s grace period) keeps the old pod terminating long enough to see that
+    # its replacement does not wait for it, even on a loaded machine.
+    env.create_job(name, "serve", podTemplate={"env": [{"name": "FAKE_SAVE_SECONDS", "value": "6"}]})
     env.until(
         lambda: env.status(name).get("phase") == "Running" and env.status(name)["workers"]["ready"] == 1,
         60,

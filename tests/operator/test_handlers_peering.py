@@ -21,9 +21,19 @@ pytestmark = [
 
 from ftjob_local.cluster import LocalCluster  # noqa: E402
 from ftjob_local.demo import find_kubectl  # noqa: E402
-from test_handlers_e2e import FAKE_TRAINER, REPO, Env, Operator  # noqa: E402
+from test_handlers_e2e import FAKE_TRAINER, REPO, Env, Operator, wait_until  # noqa: E402
 
 PEERING = "ftjob-test"
+
+
+class Both:
+    """Both replicas' logs, for what a failed wait prints."""
+
+    def __init__(self, ops: list[Operator]):
+        self.ops = ops
+
+    def log_tail(self) -> str:
+        return "\n".join(f"--- {op.log_path.name}\n{op.log_tail(60)}" for op in self.ops)
 
 
 @pytest.fixture
@@ -59,12 +69,13 @@ def test_two_peered_replicas_create_one_set_of_pods(replicas):
     peering = env.kube.get(f"/apis/kopf.dev/v1/clusterkopfpeerings/{PEERING}")
     assert peering is not None, "the operator did not create its ClusterKopfPeering"
     # kopf pauses the lower-priority replica once it sees the other's keep-alive.
-    paused = env.until(
-        lambda: [op for op in ops if "Pausing operations" in op.log_tail(400)],
+    paused = wait_until(
+        lambda: [op for op in ops if "Pausing operations" in op.log_path.read_text(errors="replace")],
         60,
         "one replica to stand by",
+        Both(ops),
     )
-    assert len(paused) == 1, [op.log_tail() for op in ops]
+    assert len(paused) == 1, Both(ops).log_tail()
     name = "peered"
     env.create_job(name, "serve")
     env.until(
@@ -76,5 +87,5 @@ def test_two_peered_replicas_create_one_set_of_pods(replicas):
     names = sorted(p["metadata"]["name"] for p in env.pods(name))
     assert names == [f"{name}-coordinator-0", f"{name}-worker-1"], names
     (active,) = [op for op in ops if op not in paused]
-    assert f"created Pod {name}-worker-1" in active.log_tail(400)
-    assert "created Pod" not in paused[0].log_tail(400)
+    assert f"created Pod {name}-worker-1" in active.log_path.read_text(errors="replace")
+    assert "created Pod" not in paused[0].log_path.read_text(errors="replace")
