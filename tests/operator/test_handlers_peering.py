@@ -1,6 +1,6 @@
 """Two `ftjob operator --peering NAME` replicas (as the chart deploys them with replicaCount 2) against the local
-cluster with kopf's peering CRDs from the chart: the peering object is created by the operator, one replica
-works and the other stands by, and the job gets exactly one set of pods.
+cluster with kopf's peering CRDs from the chart: the peering object is created by the operator, both replicas
+keep it alive with distinct priorities, one works and the other stands by, and the job gets one set of pods.
 """
 
 from __future__ import annotations
@@ -66,16 +66,20 @@ def replicas(tmp_path):
 
 def test_two_peered_replicas_create_one_set_of_pods(replicas):
     env, ops = replicas
-    peering = env.kube.get(f"/apis/kopf.dev/v1/clusterkopfpeerings/{PEERING}")
-    assert peering is not None, "the operator did not create its ClusterKopfPeering"
-    # kopf pauses the lower-priority replica once it sees the other's keep-alive.
-    paused = wait_until(
-        lambda: [op for op in ops if "Pausing operations" in op.log_path.read_text(errors="replace")],
-        60,
-        "one replica to stand by",
+    # Both replicas joined the peering the operator created: one keep-alive each in its status.
+    keepalives = wait_until(
+        lambda: (
+            len((env.kube.get(f"/apis/kopf.dev/v1/clusterkopfpeerings/{PEERING}") or {}).get("status") or {})
+            == 2
+            and env.kube.get(f"/apis/kopf.dev/v1/clusterkopfpeerings/{PEERING}")["status"]
+        ),
+        30,
+        "both replicas' keep-alives in the ClusterKopfPeering",
         Both(ops),
     )
-    assert len(paused) == 1, Both(ops).log_tail()
+    assert len({v["priority"] for v in keepalives.values()}) == 2, (
+        keepalives
+    )  # distinct: one active, one standby
     name = "peered"
     env.create_job(name, "serve")
     env.until(
@@ -86,6 +90,8 @@ def test_two_peered_replicas_create_one_set_of_pods(replicas):
     )
     names = sorted(p["metadata"]["name"] for p in env.pods(name))
     assert names == [f"{name}-coordinator-0", f"{name}-worker-1"], names
-    (active,) = [op for op in ops if op not in paused]
-    assert f"created Pod {name}-worker-1" in active.log_path.read_text(errors="replace")
-    assert "created Pod" not in paused[0].log_path.read_text(errors="replace")
+    # Exactly one replica acted; the other (lower priority) stood by.
+    acted = [op for op in ops if f"created Pod {name}-worker-1" in op.log_path.read_text(errors="replace")]
+    assert len(acted) == 1, Both(ops).log_tail()
+    (standby,) = [op for op in ops if op not in acted]
+    assert "created Pod" not in standby.log_path.read_text(errors="replace"), Both(ops).log_tail()
