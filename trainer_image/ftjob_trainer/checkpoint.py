@@ -3,6 +3,8 @@
 On disk, under --checkpoint-dir:
   step-000000120/            committed: DCP shards + .metadata + ftjob.json (the loop's state) + rng-rank<r>.pt
   .tmp-step-000000130/       a save in progress (or killed half-way): never loaded, never counted
+  .trash-step-000000100/     dropped by retention, being deleted in the background (or left by an exit: removed
+                             at the next start)
   failed-step-000000110-<t>/ a committed checkpoint that failed to load, set aside as evidence (never deleted)
 A save writes into the tmp directory (DCP fsyncs every file and writes .metadata last), then rank 0 writes
 ftjob.json, fsyncs, and renames the directory: the rename is the commit. "Latest" is the newest committed step.
@@ -18,6 +20,7 @@ import logging
 import os
 import re
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -35,6 +38,7 @@ FORMAT = 1
 META_FILE = "ftjob.json"
 COMMITTED_RE = re.compile(r"^step-(\d{9})$")
 TMP_PREFIX = ".tmp-step-"
+TRASH_PREFIX = ".trash-step-"  # retention's victims, renamed first, deleted in the background
 FAILED_PREFIX = "failed-step-"
 MODEL_KEY, OPTIM_KEY = "model", "optim"  # top-level keys of the DCP state
 
@@ -164,14 +168,24 @@ if STAGED_ASYNC:
         torch 2.11's DefaultStager._stage() closes its StateDictStager after each staging: that drops the pinned
         buffers and clears the deepcopy dispatch table, so the 2nd save fails (KeyError: <class 'type'>, the
         first class met while copying any dict). torch 2.13 no longer does it. Same staging, without that close;
-        Checkpointer.close() releases the buffers at the end."""
+        Checkpointer.close() releases the buffers at the end.
+
+        `ready` (a CUDA event recorded by the caller when the state is final) makes the copies wait for the kernels
+        that produce the state: the staging stream is a non-blocking one, and the optimizer step that precedes a
+        save is usually still running on the GPU when the CPU asks for the save."""
+
+        ready = None
 
         def _stage(self, state_dict, **kwargs):
             stager = self._state_dict_stager
             if not self._config.use_non_blocking_copy:
+                if self.ready is not None:
+                    self.ready.synchronize()
                 return stager.stage(state_dict, non_blocking=False)
             stream = self._staging_stream
             with stream if stream is not None else contextlib.nullcontext():
+                if self.ready is not None:
+                    torch.cuda.current_stream().wait_event(self.ready)
                 staged = stager.stage(state_dict, non_blocking=True)
             # the copies were only enqueued: wait for them before anyone reads the host buffers
             stream.synchronize() if stream is not None else torch.accelerator.synchronize()
@@ -215,6 +229,7 @@ class Checkpointer:
         self.last_committed: tuple[int, str] | None = None
         self.save_seconds: float | None = None  # measured: last save from start to commit
         self.save_phases: dict = {}
+        self._deleters: list[threading.Thread] = []
         self.state_bytes = 0
         self.stager = None
         # DCP's collectives run on their own gloo group: an async save's background thread must not share a
@@ -226,6 +241,8 @@ class Checkpointer:
                 for name in os.listdir(root):
                     if name.startswith(TMP_PREFIX):  # a save killed half-way: incomplete by construction
                         log.warning("removing incomplete save %s (never committed)", name)
+                        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+                    elif name.startswith(TRASH_PREFIX):  # retention's deletion cut short by an exit
                         shutil.rmtree(os.path.join(root, name), ignore_errors=True)
             self._barrier()
             done = list_committed(root)
@@ -253,14 +270,29 @@ class Checkpointer:
             )
         return self.stager
 
-    def close(self) -> None:
-        """Drain an in-flight save and release the staging buffers."""
+    def warm_up(self):
+        """Allocate the pinned staging buffers now, in the stager's thread, so that neither the first periodic save
+        (a 6.5 s stall on the H200 machine for 11.4 GB) nor a first preemption save pays for them. Returns the
+        staging Future (None when there is nothing to warm). The copy it makes is thrown away: it only sizes the
+        buffers, so it may overlap training steps. Skipped when params are offloaded by hand (their storage changes
+        at every move, so no buffer could be reused)."""
+        if not (STAGED_ASYNC and self.root and torch.cuda.is_available()):
+            return None
+        if needs_manual_param_reload(self.engine) or self.stager is not None:
+            return None  # by-hand offload, or the buffers already exist
+        return self._get_stager().stage(self._state())
+
+    def close(self, wait_for_retention: bool = False) -> None:
+        """Drain an in-flight save and release the staging buffers; at the end of a finished run also wait for
+        retention's deletions (a stopped run leaves them to the next start: its grace period is short)."""
         try:
             self.drain()
         finally:
             if self.stager is not None:
                 self.stager.close()
                 self.stager = None
+            if wait_for_retention:
+                self.wait_for_retention()
 
     # --- save ------------------------------------------------------------------------------------------------
     def save(
@@ -305,8 +337,12 @@ class Checkpointer:
             if STAGED_ASYNC:
                 # Sync saves (the preemption save) take the same path and wait: copying into the pinned buffers the
                 # periodic saves already hold beats DCP's pageable per-tensor copies in the writer threads.
+                stager = self._get_stager()
+                if torch.cuda.is_available():
+                    stager.ready = torch.cuda.Event()
+                    stager.ready.record()  # after the last kernel that changes the state
                 resp = dcp.async_save(
-                    state, storage_writer=writer, process_group=self.pg, async_stager=self._get_stager()
+                    state, storage_writer=writer, process_group=self.pg, async_stager=stager
                 )
                 staging, upload = resp.staging_completion, resp.upload_completion
                 if needs_manual_param_reload(self.engine):
@@ -383,9 +419,7 @@ class Checkpointer:
             os.rename(f.tmp, final)  # the commit
             _fsync_dir(self.root)
             f.marks["committed"] = time.monotonic() - f.started
-            for victim in retention_victims(list_committed(self.root), self.keep_last):
-                log.info("retention: deleting %s (keeping the newest %d committed)", victim, self.keep_last)
-                shutil.rmtree(victim, ignore_errors=True)
+            self._retain()
         self.save_seconds = time.monotonic() - f.started
         f.marks["done"] = self.save_seconds
         # For a sync save, where its time went (cumulative seconds): state dict + submit, copy to host memory,
@@ -394,6 +428,25 @@ class Checkpointer:
         self.last_committed = (f.step, final)
         log.info("checkpoint step %d committed at %s in %.2fs", f.step, final, self.save_seconds)
         return f.step, final, f.request_id
+
+    def _retain(self) -> None:
+        """Retention off the save's critical path: a rename takes the victim out of the committed set at once, a
+        background thread deletes it (deleting 11 GB took 3.6 s of a 11 s preemption save on the H200 machine).
+        A deletion cut short by an exit leaves a .trash- directory that the next start removes."""
+        for victim in retention_victims(list_committed(self.root), self.keep_last):
+            log.info("retention: deleting %s (keeping the newest %d committed)", victim, self.keep_last)
+            trash = os.path.join(self.root, TRASH_PREFIX + os.path.basename(victim).removeprefix("step-"))
+            os.rename(victim, trash)
+            t = threading.Thread(
+                target=shutil.rmtree, args=(trash,), kwargs={"ignore_errors": True}, daemon=True
+            )
+            t.start()
+            self._deleters.append(t)
+        self._deleters = [t for t in self._deleters if t.is_alive()]
+
+    def wait_for_retention(self, timeout: float | None = None) -> None:
+        for t in self._deleters:
+            t.join(timeout)
 
     def estimate_save_seconds(self) -> float | None:
         return self.save_seconds

@@ -184,6 +184,9 @@ class Trainer:
             )
             step += 1
             steps_timed += 1
+            if steps_timed == 1 and cfg.checkpoint.checkpoint_dir:
+                # after one step the optimizer state exists: size the pinned staging buffers in the background now
+                self.ckpt.warm_up()
             done = self.ckpt.poll()
             if done:
                 self.on_commit(*done)
@@ -282,9 +285,10 @@ class Trainer:
         msg = f"stopped at step {step} on {who}; saved {path} in {time.monotonic() - t:.2f}s ({since})"
         return self.terminate(step, reason, contract.EXIT_RESTART, msg)
 
-    def close(self) -> None:
+    def close(self, finished: bool = False) -> None:
         try:
-            self.ckpt.close()  # never exit with a save half-written in the background
+            # never exit with a save half-written in the background
+            self.ckpt.close(wait_for_retention=finished)
         except Exception:  # noqa: BLE001 - closing after an error: say so, keep closing
             log.exception("draining the in-flight checkpoint failed; it stays uncommitted")
         if self.client:
@@ -328,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     finally:
         if trainer is not None:
-            trainer.close()
+            trainer.close(finished=code == contract.EXIT_DONE)
         if dist.is_initialized():
             dist.destroy_process_group()
     return code

@@ -1,0 +1,41 @@
+"""Retention off the save's critical path: victims leave the committed set by a rename at once and are deleted in
+the background; a deletion cut short by an exit is finished by the next start. Real checkpointer, world of one."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from ftjob_trainer.checkpoint import TRASH_PREFIX, Checkpointer, list_committed
+from ftjob_trainer.config import ModelConfig, OptimizerConfig, ParallelConfig
+from ftjob_trainer.engine import Engine, build_model
+
+
+def make_engine() -> Engine:
+    cfg = ModelConfig(name="tiny")
+    return Engine(
+        build_model(cfg, torch.device("cpu"), seed=0),
+        device=torch.device("cpu"),
+        model_cfg=cfg,
+        opt_cfg=OptimizerConfig(),
+        par_cfg=ParallelConfig(),
+        total_steps=10,
+    )
+
+
+def test_retention_renames_then_deletes_and_a_restart_finishes_cut_deletions(world_of_one, tmp_path):
+    engine = make_engine()
+    ckpt = Checkpointer(str(tmp_path), keep_last=2, engine=engine, rank=0, world_size=1)
+    for step in (1, 2, 3, 4):
+        path = ckpt.save(step, {})
+        # right after each save returns, only committed directories count, and never more than keep_last
+        assert [s for s, _ in list_committed(str(tmp_path))] == [step, step - 1][: min(step, 2)]
+        assert path.endswith(f"step-{step:09d}")
+    ckpt.close(wait_for_retention=True)
+    assert sorted(os.listdir(tmp_path)) == ["step-000000003", "step-000000004"]
+
+    cut = tmp_path / f"{TRASH_PREFIX}000000002"  # an exit cut this deletion short
+    cut.mkdir()
+    (cut / "__0_0.distcp").write_bytes(b"x" * 100)
+    Checkpointer(str(tmp_path), keep_last=2, engine=engine, rank=0, world_size=1).close()
+    assert sorted(os.listdir(tmp_path)) == ["step-000000003", "step-000000004"]
