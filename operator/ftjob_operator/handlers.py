@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 FINALIZER = "ftjob.dev/operator"  # kopf's daemons need one: it stops the daemon before the job is gone
 REPORTING_COMPONENT = "ftjob-operator"
+DEFAULT_IMAGE_ENV = "FTJOB_DEFAULT_TRAINER_IMAGE"
 # Re-read the coordinator's progress this often while pods run, when nothing else wakes the loop.
 ACTIVE_POLL_SECONDS = 10.0
 IDLE_POLL_SECONDS = 60.0  # finished or suspended jobs: a safety net only
@@ -56,6 +57,8 @@ class Runtime:
     kubeconfig: str | None
     metrics_port: int
     peering: str | None
+    # For jobs without spec.image: env FTJOB_DEFAULT_TRAINER_IMAGE (the chart sets it from trainer.image).
+    default_image: str = ""
     metrics: Metrics = field(default_factory=Metrics)
     kube: Kube | None = None
     coordinator: CoordinatorClient | None = None
@@ -235,6 +238,7 @@ async def observe(
         secret_exists=secret.exists,
         progress=progress,
         new_token="" if secret.exists else secrets.token_urlsafe(32),
+        default_image=rt.default_image,
     )
 
 
@@ -368,7 +372,11 @@ def run(
     )
     logging.getLogger("kopf.objects").addFilter(_QuietWakeups())
     rt = Runtime(
-        namespaces=list(namespaces), kubeconfig=kubeconfig, metrics_port=metrics_port, peering=peering
+        namespaces=list(namespaces),
+        kubeconfig=kubeconfig,
+        metrics_port=metrics_port,
+        peering=peering,
+        default_image=os.environ.get(DEFAULT_IMAGE_ENV, ""),
     )
     # Peers of equal priority would all stay active (kopf only warns); a random priority per replica makes one
     # active and the others standby until its keep-alives stop.

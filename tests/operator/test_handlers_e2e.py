@@ -41,6 +41,7 @@ from ftjob_operator import render  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 NS = "default"
+DEFAULT_IMAGE = "ftjob-trainer:operator-default"  # what the chart sets from trainer.image
 JOBS = f"/apis/ftjob.dev/v1alpha1/namespaces/{NS}/trainingjobs"
 PODS = f"/api/v1/namespaces/{NS}/pods"
 
@@ -125,6 +126,7 @@ class Operator:
                  "--metrics-port", str(self.port), "--log-level", "INFO",
                  *(["--peering", self.peering] if self.peering else [])],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, "FTJOB_DEFAULT_TRAINER_IMAGE": DEFAULT_IMAGE},
             )  # fmt: skip
         wait_until(lambda: self.http("/healthz") == "ok", timeout, "the operator's /healthz", self)
 
@@ -224,6 +226,8 @@ class Env:
                 **spec,
             },
         }
+        if body["spec"].get("image", "") is None:
+            del body["spec"]["image"]
         self.created.append(name)
         return self.kube.request("POST", JOBS, body=body)
 
@@ -322,7 +326,7 @@ def _condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
 # --- tests ---------------------------------------------------------------------------------------------------
 def test_children_are_owned_and_labelled_workers_exiting_0_succeed_and_ttl_deletes(jobs):
     env, name = jobs, "done"
-    job = env.create_job(name, "done", ttlSecondsAfterFinished=5)
+    job = env.create_job(name, "done", ttlSecondsAfterFinished=5, image=None)  # the operator's default image
     uid = job["metadata"]["uid"]
     pods = env.until(
         lambda: len(env.pods(name)) == 2 and env.pods(name), 30, "coordinator and worker pods", name
@@ -347,6 +351,8 @@ def test_children_are_owned_and_labelled_workers_exiting_0_succeed_and_ttl_delet
     worker = next(p for p in pods if p["metadata"]["labels"][render.LABEL_ROLE] == "worker")
     env_vars = {e["name"]: e.get("value") for e in worker["spec"]["containers"][0]["env"]}
     assert env_vars[render.ENV_COORDINATOR_ADDR] == service["spec"]["clusterIP"]
+    assert {p["spec"]["containers"][0]["image"] for p in pods} == {DEFAULT_IMAGE}
+    assert env.status(name)["image"] == DEFAULT_IMAGE
 
     st = env.until(
         lambda: env.status(name).get("phase") == "Succeeded" and env.status(name), 60, "Succeeded", name
