@@ -63,7 +63,8 @@ def render(doc: dict, before: dict | None) -> str:
     ]
     if warm is not None:
         lines.append(
-            f"| pinned staging buffers warmed in the background after the first step | {warm:.1f} s | | |"
+            f"| pinned staging buffers warmed in the background after the first step | {warm:.1f} s (first save "
+            f"after step {c.get('steps_before_first_save')}) | | |"
         )
     phases = c.get("sigterm_save_phases_seconds") or {}
     lines += [

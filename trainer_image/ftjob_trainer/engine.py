@@ -36,6 +36,11 @@ def lr_lambda(opt: OptimizerConfig, total_steps: int) -> Callable[[int], float]:
     return f
 
 
+def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross entropy over all positions, in fp32 (bf16 logits lose too much in the softmax)."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
 def build_model(cfg: ModelConfig, device: torch.device, seed: int) -> nn.Module:
     torch.manual_seed(seed)  # every rank builds the same full model, then FSDP keeps its shard
     with device:
@@ -82,6 +87,8 @@ class Engine:
             compile=model_cfg.compile,
         )
         self.opt_cfg = opt_cfg
+        # compiled, the fp32 cast, log-softmax and loss fuse: the [tokens, vocab] fp32 logits are never written out
+        self.loss_fn = torch.compile(next_token_loss) if model_cfg.compile else next_token_loss
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=opt_cfg.lr,
@@ -117,7 +124,7 @@ class Engine:
             inputs = inputs.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)
             logits = self.model(inputs)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()) / len(batches)
+            loss = self.loss_fn(logits, targets) / len(batches)
             loss.backward()
             total += loss.detach()
         if self.opt_cfg.grad_clip > 0:
