@@ -7,8 +7,11 @@ status. The parts:
 
   save                 the trainer's own measure, SIGTERM -> stop checkpoint committed
   replacement created  notice -> the operator's replacement pod exists
-  rendezvous           max(replacement running, save committed) -> rank 0 of the new round starts (torchrun
-                       start-up in the new pod, the survivor's restart, the c10d round, the workers' start-up)
+  rendezvous           max(replacement running, save committed) -> rank 0 of the new round starts, itself split
+                       from torchrun's own INFO lines (LOGLEVEL=INFO in the pods) into:
+    agent start-up     replacement running -> its torchrun logs its first line
+    round              -> the last agent has joined the new c10d round
+    worker start-up    -> rank 0's trainer process logs its config (Python and torch imported)
   setup                rank 0 started -> process group up, model built and sharded
   checkpoint load      -> the checkpoint is loaded (DCP)
   first step           -> the first optimizer step after the resume is done
@@ -23,9 +26,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import yaml
@@ -34,7 +39,10 @@ from ftjob_local.preempt import request_preemption
 from local_common import local_cluster, machine, now_utc, write_section
 
 GOAL_SECONDS = 15.0
+# torchrun's (glog-style) log lines: "I1202 15:04:23.123456 1234 torch/distributed/...py:123] message"
+TORCHRUN_LINE = re.compile(r"^([IWE])(\d\d)(\d\d) (\d\d:\d\d:\d\d\.\d+)\s+\d+ \S+\] (.*)$")
 PARTS = ("save", "replacement_created", "rendezvous", "setup", "checkpoint_load", "first_step")
+RENDEZVOUS_PARTS = ("agent_startup", "round", "worker_startup")
 
 
 def parse_args(argv):
@@ -52,12 +60,43 @@ def parse_args(argv):
     return args
 
 
+def torchrun_events(log_dir: Path, job: str) -> dict[str, list[tuple[float, str]]]:
+    """pod -> [(time, message)] of torchrun's own log lines (the year is not in them: this year's)."""
+    year = datetime.now().year
+    out: dict[str, list[tuple[float, str]]] = {}
+    for pod_dir in sorted(log_dir.glob(f"{job}-worker-*")):
+        for f in sorted(pod_dir.glob("*.log")):
+            for line in f.read_text(errors="replace").splitlines():
+                m = TORCHRUN_LINE.match(line)
+                if m:
+                    t = datetime.strptime(f"{year}{m.group(2)}{m.group(3)} {m.group(4)[:15]}", "%Y%m%d %H:%M:%S.%f")
+                    out.setdefault(pod_dir.name, []).append((t.timestamp(), m.group(5)))
+    return out
+
+
+def round_parts(events: dict[str, list[tuple[float, str]]], replacement: str, after: float) -> dict[str, float]:
+    """When the replacement's torchrun logged first, and when the last agent joined the round after `after`."""
+    parts: dict[str, float] = {}
+    mine = [t for t, _ in events.get(replacement, []) if t > after]
+    if mine:
+        parts["agent_up"] = min(mine)
+    joined = [min((t for t, msg in ev if t > after and "has joined round" in msg), default=None)
+              for ev in events.values()]
+    joined = [t for t in joined if t is not None]
+    if joined:
+        parts["round_joined"] = max(joined)
+    return parts
+
+
 def job_docs(steps: int) -> tuple[list[dict], dict]:
     docs, job = demo_manifests(DEFAULT_MANIFEST)  # + log-every 1 and the report, as the demo runs it
     spec = job["spec"]
     spec["trainer"]["steps"] = steps
     spec["workers"] = {"min": 2, "max": 2}  # a resume needs the replacement: its path is what is measured
-    spec.setdefault("podTemplate", {})["env"] = [{"name": "OMP_NUM_THREADS", "value": "1"}]  # 2 ranks, 2 cores
+    spec.setdefault("podTemplate", {})["env"] = [
+        {"name": "OMP_NUM_THREADS", "value": "1"},  # 2 ranks, 2 cores
+        {"name": "LOGLEVEL", "value": "INFO"},  # torchrun's rendezvous steps, with times, in the pod logs
+    ]
     return docs, job
 
 
@@ -94,6 +133,7 @@ def run(args) -> dict:
                     notices.append((time.time(), node))
             time.sleep(0.1)
         a = analyze(read_job_logs(s.cluster.dir, s.ns, name))
+        events = torchrun_events(s.cluster.dir / "logs" / s.ns, name)
         final = status
     recoveries = []
     for t_notice, node in notices:
@@ -113,9 +153,15 @@ def run(args) -> dict:
             "checkpoint_load": r.t_resumed - (r.t_sharded or r.t_config),
             "first_step": r.t_first_step - r.t_resumed,
         }
+        rounds = round_parts(events, pod, t_notice)
+        if "agent_up" in rounds and "round_joined" in rounds:
+            parts["agent_startup"] = rounds["agent_up"] - t_run
+            parts["round"] = rounds["round_joined"] - rounds["agent_up"]
+            parts["worker_startup"] = r.t_config - rounds["round_joined"]
         since_notice = {
             "sigterm": r.t_signal, "save_committed": r.t_commit, "replacement_created": fresh[0][0],
-            "replacement_running": t_run, "new_round_started": r.t_config, "model_sharded": r.t_sharded,
+            "replacement_running": t_run, "replacement_agent_up": rounds.get("agent_up"),
+            "round_joined": rounds.get("round_joined"), "new_round_started": r.t_config, "model_sharded": r.t_sharded,
             "checkpoint_loaded": r.t_resumed, "first_step": r.t_first_step,
         }
         recoveries.append({
@@ -167,6 +213,13 @@ def markdown(res: dict) -> str:
     for i, r in enumerate(rows, 1):
         parts = " | ".join(f"{r['parts_s'][p]:.2f}" for p in PARTS)
         lines.append(f"| {i} | **{r['total_s']:.2f}** | {parts} | {r['resumed_from_step']} |")
+    split = [r for r in rows if all(p in r["parts_s"] for p in RENDEZVOUS_PARTS)]
+    if split:
+        lines += ["", "The rendezvous part, from torchrun's own log lines:", "",
+                  "| preemption | " + " | ".join(p.replace("_", " ") for p in RENDEZVOUS_PARTS) + " |",
+                  "|" + "---|" * (len(RENDEZVOUS_PARTS) + 1)]
+        for i, r in enumerate(split, 1):
+            lines.append(f"| {i} | " + " | ".join(f"{r['parts_s'][p]:.2f}" for p in RENDEZVOUS_PARTS) + " |")
     lines += ["", f"Goal: under {res['goal_total_s']:g} s with 0 lost steps: "
               f"{'met' if res['goal_met'] else 'NOT met'} (median {res['median_total_s']} s)."]
     return "\n".join(lines)
