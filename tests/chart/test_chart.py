@@ -28,7 +28,7 @@ NON_CORE_KINDS = {"ServiceMonitor"}
 
 # What the operator does with each resource, and nothing more (see charts/ftjob/templates/_rbac.tpl).
 NAMESPACED_RULES = {
-    ("ftjob.dev", "trainingjobs"): {"get", "list", "watch", "patch"},
+    ("ftjob.dev", "trainingjobs"): {"get", "list", "watch", "patch", "delete"},
     ("ftjob.dev", "trainingjobs/status"): {"patch", "update"},
     ("", "pods"): {"create", "delete", "get", "list", "watch", "patch"},
     ("", "services"): {"create", "delete", "get", "list", "watch"},

@@ -1,9 +1,10 @@
 {{/* RBAC rule lists shared by the ClusterRole and the per-namespace Roles (rbac.yaml). */}}
 {{- define "ftjob.namespacedRules" -}}
-# The operator's own resource: kopf watches TrainingJobs and patches them (finalizer, kopf progress annotations).
+# The operator's own resource: kopf watches TrainingJobs and patches them (finalizer, kopf progress annotations);
+# delete is for ttlSecondsAfterFinished.
 - apiGroups: [{{ include "ftjob.apiGroup" . | quote }}]
   resources: [trainingjobs]
-  verbs: [get, list, watch, patch]
+  verbs: [get, list, watch, patch, delete]
 # Status: phase, conditions, preemption/failure counters, last checkpoint. (No trainingjobs/scale: the operator
 # never scales through the scale subresource; users and autoscalers do.)
 - apiGroups: [{{ include "ftjob.apiGroup" . | quote }}]
