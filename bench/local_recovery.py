@@ -10,7 +10,7 @@ status. The parts:
   rendezvous           max(replacement running, save committed) -> rank 0 of the new round starts, itself split
                        from torchrun's own INFO lines (LOGLEVEL=INFO in the pods) into:
     agent start-up     replacement running -> its torchrun logs its first line
-    round              -> the last agent has joined the new c10d round
+    round              -> every agent has completed the new c10d round (torchrun: 'Rendezvous complete')
     worker start-up    -> rank 0's trainer process logs its config (Python and torch imported)
   setup                rank 0 started -> process group up, model built and sharded
   checkpoint load      -> the checkpoint is loaded (DCP)
@@ -74,13 +74,16 @@ def torchrun_events(log_dir: Path, job: str) -> dict[str, list[tuple[float, str]
     return out
 
 
-def round_parts(events: dict[str, list[tuple[float, str]]], replacement: str, after: float) -> dict[str, float]:
-    """When the replacement's torchrun logged first, and when the last agent joined the round after `after`."""
+def round_parts(events: dict[str, list[tuple[float, str]]], replacement: str, after: float,
+                before: float) -> dict[str, float]:
+    """When the replacement's torchrun logged first, and when the last agent completed the round that started
+    training again (between `after`, the notice, and `before`, rank 0's start in that round)."""
     parts: dict[str, float] = {}
     mine = [t for t, _ in events.get(replacement, []) if t > after]
     if mine:
         parts["agent_up"] = min(mine)
-    joined = [min((t for t, msg in ev if t > after and "has joined round" in msg), default=None)
+    joined = [max((t for t, msg in ev if after < t <= before and "Rendezvous complete for workers" in msg),
+                  default=None)
               for ev in events.values()]
     joined = [t for t in joined if t is not None]
     if joined:
@@ -153,7 +156,7 @@ def run(args) -> dict:
             "checkpoint_load": r.t_resumed - (r.t_sharded or r.t_config),
             "first_step": r.t_first_step - r.t_resumed,
         }
-        rounds = round_parts(events, pod, t_notice)
+        rounds = round_parts(events, pod, t_notice, r.t_config)
         if "agent_up" in rounds and "round_joined" in rounds:
             parts["agent_startup"] = rounds["agent_up"] - t_run
             parts["round"] = rounds["round_joined"] - rounds["agent_up"]
