@@ -573,6 +573,17 @@ class TrainingJobStatus(_Model):
         description="coordinatorLostAt is when the coordinator was last lost (workers failing soon after are not blamed).",
         json_schema_extra={"format": "date-time"},
     )
+    last_preemption_time: str | None = Field(
+        None,
+        description="lastPreemptionTime is when a preemption was last counted (trainer errors reported soon after are "
+        "its consequence, not failures).",
+        json_schema_extra={"format": "date-time"},
+    )
+    handled_error_id: int = Field(
+        0,
+        description="handledErrorId is the newest trainer error report (the coordinator's errors[].id) already "
+        "counted as a failure or set aside (a report is never looked at twice).",
+    )
     known_pods: list[str] = _names(
         "knownPods are current pods seen alive at the last plan (a vanished one counts as lost)."
     )

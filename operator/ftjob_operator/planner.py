@@ -71,6 +71,11 @@ TRAINER_PREEMPTED_REASONS = frozenset(
 )
 # Workers that stop within this long after the coordinator was lost are its collateral, not failures.
 COORDINATOR_COLLATERAL_SECONDS = 120
+# Trainer errors reported within this long after a preemption are its consequence (a peer vanished in the middle
+# of a collective), not failures. A trainer that keeps crashing reports again later, and that report counts.
+PREEMPTION_COLLATERAL_SECONDS = 60
+# lastFailure.reason of a failure the trainer reported (coordinator /v1/error) while its pod kept running.
+REASON_TRAINER_ERROR = "TrainerError"
 # How soon to re-plan when the next step depends on the status just written (deferred deletes, waits).
 FOLLOW_UP_SECONDS = 1.0
 POLL_SECONDS = 5.0
@@ -726,7 +731,8 @@ class _Planner:
                 role = render.ROLE_COORDINATOR if not self.is_worker_name(name) else render.ROLE_WORKER
                 losses.append(Loss(name, role, True, "deleted (gone before ftjob saw it stop)"))
         if not losses:
-            return False
+            error = self.trainer_error(None)
+            return self.fail_or_restart(error) if error else False
         coordinator_lost_at = parse_time(self.st.coordinator_lost_at)
         failure: Loss | None = None
         for loss in losses:
@@ -736,6 +742,7 @@ class _Planner:
                 coordinator_lost_at = self.now
             if loss.preemption:
                 self.st.preemptions += 1
+                self.st.last_preemption_time = self.now_s
                 self.condition(cond.PREEMPTED, cond.TRUE, cond.REASON_PREEMPTED, f"{loss.pod}: {loss.why}")
                 self.event(
                     cond.WARNING, cond.REASON_PREEMPTED, f"{loss.role} {loss.pod} preempted: {loss.why}"
@@ -761,9 +768,55 @@ class _Planner:
             )
             self.summarize()
             return True
-        if failure is None:
+        error = self.trainer_error(failure)
+        if failure is None and error is None:
             return False
-        return self.fail_or_restart(failure)
+        return self.fail_or_restart(failure or error)
+
+    def trainer_error(self, failure: Loss | None) -> Loss | None:
+        """The first new error report (coordinator progress `errors`) of a live worker of this generation, as a
+        failure. torchrun restarts a crashed trainer inside its pod (its restart budget stays huge for exit 75), so
+        the pod never fails: this report is the only sign. Every report seen is marked handled, counted or not."""
+        progress = self.o.progress or {}
+        reports = progress.get("errors")
+        if not isinstance(reports, list):
+            reports = [progress["lastError"]] if isinstance(progress.get("lastError"), dict) else []
+        fresh = [
+            r
+            for r in reports
+            if isinstance(r, dict) and isinstance(r.get("id"), int) and r["id"] > self.st.handled_error_id
+        ]
+        if not fresh:
+            return None
+        self.st.handled_error_id = max(r["id"] for r in fresh)
+        # Reports of pods already counted, retired, or of an older generation (the restart answered them) are done.
+        retired = set(self.st.retired_pods)
+        live = {pod_name(p) for p in self.alive(render.ROLE_WORKER)} - retired
+        mine = [r for r in fresh if r.get("pod") in live]
+        if not mine:
+            return None
+        r = mine[0]  # the oldest: peers whose collectives broke with it report after it
+        where = f"rank {r.get('rank')}" + (
+            f" after step {r['step']}" if isinstance(r.get("step"), int) else ""
+        )
+        message = f"{where}: {r.get('message') or 'no message'}"[:MAX_MESSAGE]
+        exit_code = r.get("exitCode") if isinstance(r.get("exitCode"), int) else None
+        said = f"{r['pod']} reported an error (exit code {exit_code}, {message})"
+        if failure is not None:
+            self.event(cond.NORMAL, cond.REASON_WORKER_FAILED, f"{said} along with {failure.pod}")
+            return None
+        preempted_at = parse_time(self.st.last_preemption_time)
+        if preempted_at and (self.now - preempted_at).total_seconds() <= PREEMPTION_COLLATERAL_SECONDS:
+            self.event(
+                cond.NORMAL, cond.REASON_PREEMPTED, f"{said} after a preemption; not counted as a failure"
+            )
+            return None
+        if self.coordinator_collateral(parse_time(self.st.coordinator_lost_at)):
+            self.event(
+                cond.NORMAL, cond.REASON_LOST_WITH_COORDINATOR, f"{said} after the coordinator was lost"
+            )
+            return None
+        return Loss(r["pod"], render.ROLE_WORKER, False, REASON_TRAINER_ERROR, exit_code, message)
 
     def coordinator_collateral(self, lost_at: datetime | None) -> bool:
         """Workers that stop while the coordinator is down, or soon after it came back, are not to blame."""

@@ -104,6 +104,8 @@ def test_status_field_names_and_vocabularies():
         "handledCheckpointRequest",
         "suspendRequestedAt",
         "coordinatorLostAt",
+        "lastPreemptionTime",
+        "handledErrorId",
         "knownPods",
         "retiredPods",
         "pendingPods",

@@ -35,11 +35,25 @@ AUTH_HEADER = "Authorization"
 ROUTE_HEALTH = "/healthz"  # GET -> 200 "ok"
 ROUTE_PROGRESS = "/v1/progress"  # GET -> Progress; POST (rank 0) <- Progress fields it knows
 ROUTE_CHECKPOINT = "/v1/checkpoint"  # POST {"reason": str} -> {"id": int}: ask every rank to save now
+# POST by any rank that stops on a real error (exit code not 0 or 75), best effort, before it exits:
+#   {"pod": str, "rank": int, "exitCode": int, "message": str, "step": int | None (the last step it finished)}
+#   -> {"id": int}
+# torchrun restarts such a worker inside its pod (its restart budget must stay huge for exit 75), so the pod never
+# fails: this report is how the operator counts the failure.
+ROUTE_ERROR = "/v1/error"
+ENV_POD_NAME = "POD_NAME"  # the worker pod's name (fieldRef), named in error reports
 # Progress document keys (GET /v1/progress):
 #   step: int | None, loss: float | None, worldSize: int | None, updatedAt: RFC 3339 str | None,
 #   lastCheckpoint: {"step": int, "path": str, "time": RFC 3339 str} | None,
 #   checkpointRequest: {"id": int, "reason": str} | None   (the newest request; rank 0 compares ids)
 #   handledRequestId: int   (the newest request id a committed checkpoint answered)
+#   lastError: {"id", "pod", "rank", "exitCode", "message", "step", "time"} | None   (the newest error report)
+#   errors: [the same, oldest first]   (the newest ERRORS_KEPT reports: the first one names the root cause, later
+#           ones are often peers whose collectives failed with it)
+#   Error ids increase, also across coordinator restarts (milliseconds since the epoch, bumped past the last id),
+#   so the operator keeps only the newest id it handled (status.handledErrorId).
+ERRORS_KEPT = 16
+ERROR_MESSAGE_MAX = 1024  # characters of an error message the coordinator keeps (the end: where the error is)
 
 # --- Termination message (JSON written to the termination log before exit) -------------------------------------
 # {"step": int, "checkpoint": str | None, "reason": str, "exitCode": int, "message": str}

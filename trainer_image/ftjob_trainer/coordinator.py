@@ -1,5 +1,5 @@
 """The job coordinator: the rendezvous store (a torch TCPStore server that outlives any worker) and a small HTTP
-control API (contract.py: /healthz, /v1/progress, /v1/checkpoint) with a bearer token from FTJOB_TOKEN.
+control API (contract.py: /healthz, /v1/progress, /v1/checkpoint, /v1/error) with a bearer token from FTJOB_TOKEN.
 
     FTJOB_TOKEN=... python -m ftjob_trainer.coordinator --host=$(POD_IP) --store-port=29400 --control-port=29401
 
@@ -17,6 +17,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -37,6 +38,14 @@ PROGRESS_FIELDS = {
     "lastCheckpoint": dict,
     "handledRequestId": int,
 }
+# POST /v1/error: field -> (type, required)
+ERROR_FIELDS = {
+    "pod": (str, True),
+    "rank": (int, True),
+    "exitCode": (int, True),
+    "message": (str, True),
+    "step": (int, False),
+}
 
 
 class State:
@@ -52,8 +61,11 @@ class State:
             "lastCheckpoint": None,
             "checkpointRequest": None,
             "handledRequestId": 0,
+            "lastError": None,
+            "errors": [],
         }
         self.next_id = 1
+        self.last_error_id = 0
 
     def update(self, body: dict) -> dict:
         for key, value in body.items():
@@ -81,6 +93,25 @@ class State:
             rid, self.next_id = self.next_id, self.next_id + 1
             self.progress["checkpointRequest"] = {"id": rid, "reason": reason}
             return rid
+
+    def report_error(self, body: dict) -> int:
+        for key, (want, required) in ERROR_FIELDS.items():
+            value = body.get(key)
+            if value is None and not required:
+                continue
+            if not isinstance(value, want) or isinstance(value, bool):
+                raise ValueError(f"error field {key!r} must be {want.__name__} (got {type(value).__name__})")
+        unknown = set(body) - set(ERROR_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown error fields {sorted(unknown)}; known: {sorted(ERROR_FIELDS)}")
+        with self.lock:
+            # Milliseconds since the epoch: a recreated coordinator's ids stay above the ones the operator handled.
+            self.last_error_id = max(self.last_error_id + 1, time.time_ns() // 1_000_000)
+            doc = {**{k: body.get(k) for k in ERROR_FIELDS}, "id": self.last_error_id, "time": now_rfc3339()}
+            doc["message"] = doc["message"][-contract.ERROR_MESSAGE_MAX :]
+            self.progress["lastError"] = doc
+            self.progress["errors"] = [*self.progress["errors"], doc][-contract.ERRORS_KEPT :]
+            return doc["id"]
 
     def snapshot(self) -> dict:
         with self.lock:
@@ -136,7 +167,7 @@ def make_handler(state: State, token: str):
         def do_POST(self) -> None:  # noqa: N802
             if not self._authorized():
                 return
-            if self.path not in (contract.ROUTE_PROGRESS, contract.ROUTE_CHECKPOINT):
+            if self.path not in (contract.ROUTE_PROGRESS, contract.ROUTE_CHECKPOINT, contract.ROUTE_ERROR):
                 return self._send(404, {"error": f"no route POST {self.path}"})
             body = self._body()
             if body is None:
@@ -146,6 +177,15 @@ def make_handler(state: State, token: str):
                     return self._send(200, state.update(body))
                 except ValueError as e:
                     return self._send(400, {"error": str(e)})
+            if self.path == contract.ROUTE_ERROR:
+                try:
+                    eid = state.report_error(body)
+                except ValueError as e:
+                    return self._send(400, {"error": str(e)})
+                log.warning(
+                    "error report %d from %s rank %s: %s", eid, body["pod"], body["rank"], body["message"]
+                )
+                return self._send(200, {"id": eid})
             reason = body.get("reason", "requested")
             if not isinstance(reason, str):
                 return self._send(400, {"error": "reason must be a string"})

@@ -124,6 +124,38 @@ class CoordinatorClient:
         self._thread.join(timeout=10)
 
 
+ERROR_REPORT_TIMEOUT = 3.0  # seconds: a coordinator that does not answer must not delay the exit much
+
+
+def report_error(
+    url: str | None, token: str | None, rank: int, exit_code: int, message: str, step: int | None
+) -> bool:
+    """POST /v1/error: tell the coordinator (so the operator) that this rank stops on a real error. torchrun restarts
+    the worker inside its pod, so the pod itself never fails. Best effort: never raises, never waits long."""
+    if not url:
+        return False
+    body = {
+        "pod": os.environ.get(contract.ENV_POD_NAME, ""),
+        "rank": rank,
+        "exitCode": exit_code,
+        "message": message[-contract.ERROR_MESSAGE_MAX :],
+        "step": step,
+    }
+    req = urllib.request.Request(
+        url.rstrip("/") + contract.ROUTE_ERROR, data=json.dumps(body).encode(), method="POST"
+    )
+    req.add_header("Content-Type", "application/json")
+    if token:
+        req.add_header(contract.AUTH_HEADER, f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=ERROR_REPORT_TIMEOUT) as resp:
+            resp.read()
+        return True
+    except (OSError, ValueError) as e:  # HTTPError is an OSError
+        log.warning("could not report the error to the coordinator %s (%s: %s)", url, type(e).__name__, e)
+        return False
+
+
 def write_termination_message(path: str, doc: dict) -> None:
     """Kubernetes shows this file's content as the container's termination message. Best effort: an
     unwritable path (no /dev/termination-log outside a pod) is logged, never fatal."""

@@ -28,6 +28,7 @@ from ftjob_trainer.preemption import (
     StopSignals,
     agree,
     atomic_write_json,
+    report_error,
     write_termination_message,
 )
 
@@ -96,6 +97,7 @@ class Trainer:
             "reason": None,
         }
         self.handled_request = 0
+        self.step: int | None = None  # the last step finished (error reports name it)
 
     # --- helpers ---------------------------------------------------------------------------------------------
     def write_report(self) -> None:
@@ -151,6 +153,7 @@ class Trainer:
         cfg = self.cfg
         loaded = self.ckpt.load_latest()
         step = loaded.step if loaded else 0
+        self.step = step
         meta = loaded.meta if loaded else {}
         self.batches = GlobalBatches(
             self.source,
@@ -183,6 +186,7 @@ class Trainer:
                 self.batches.micro_batches(step), before_optimizer=self.ckpt.wait_for_staging
             )
             step += 1
+            self.step = step
             steps_timed += 1
             if steps_timed == 1 and cfg.checkpoint.checkpoint_dir:
                 # after one step the optimizer state exists: size the pinned staging buffers in the background now
@@ -310,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = parse_args(argv)
     except ConfigError as e:
         log.error("configuration error: %s", e)
+        _report_error(None, None, contract.EXIT_CONFIG_ERROR, f"configuration error: {e}")
         return contract.EXIT_CONFIG_ERROR
     signals = StopSignals(cfg.preemption.signal_names())  # first: a signal during startup is not lost
     log.info("config: %s", to_dict(cfg))
@@ -322,20 +327,32 @@ def main(argv: list[str] | None = None) -> int:
         log.error("configuration error: %s", e)
         code = contract.EXIT_CONFIG_ERROR
         write_termination_message(cfg.preemption.termination_log, _error_doc(code, str(e)))
+        _report_error(cfg, trainer, code, str(e))
     except NothingLoadable as e:
         log.error("%s", e)
         write_termination_message(cfg.preemption.termination_log, _error_doc(code, str(e)))
+        _report_error(cfg, trainer, code, str(e))
     except Exception as e:  # noqa: BLE001 - the exit code and termination message must say "error"
         log.exception("training failed")
         write_termination_message(
             cfg.preemption.termination_log, _error_doc(code, f"{type(e).__name__}: {e}")
         )
+        _report_error(cfg, trainer, code, f"{type(e).__name__}: {e}")
     finally:
         if trainer is not None:
             trainer.close(finished=code == contract.EXIT_DONE)
         if dist.is_initialized():
             dist.destroy_process_group()
     return code
+
+
+def _report_error(cfg: TrainConfig | None, trainer: Trainer | None, code: int, message: str) -> None:
+    """Every rank that stops on a real error tells the coordinator: torchrun restarts it inside the pod (its budget
+    stays huge for exit 75), so the operator counts the failure from this report, not from the pod."""
+    url = cfg.preemption.coordinator_url if cfg else os.environ.get(contract.ENV_COORDINATOR_URL)
+    rank = trainer.rank if trainer else int(os.environ.get("RANK", "0"))
+    step = trainer.step if trainer else None
+    report_error(url, os.environ.get(contract.ENV_TOKEN), rank, code, message, step)
 
 
 def _error_doc(code: int, message: str) -> dict:
