@@ -109,28 +109,39 @@ def test_preemption_with_notice_then_hard_preemption(session, baseline):
     assert report["state_sha256"] == baseline()
 
 
-CRASH = """\
-import json, os, sys
-# A trainer that crashes on purpose, saying why in the termination message as ftjob's trainer does.
-path = os.environ.get("FTJOB_TERMINATION_LOG", "/dev/termination-log")
-with open(path, "w") as f:
-    json.dump({"step": None, "checkpoint": None, "reason": "error", "exitCode": 3,
-               "message": "crashed on purpose (e2e test)"}, f)
-print("crashing on purpose", flush=True)
-sys.exit(3)
+CRASHING_DATA = """\
+# A data factory for ftjob's trainer (--data-factory crashing_data:make) whose samples run out on purpose: the
+# real trainer crashes a few steps in, reports the error to the coordinator, and torchrun restarts it.
+import torch
+from torch.utils.data import Dataset
+
+
+class Crashing(Dataset):
+    def __init__(self, seq_len, vocab_size, seed):
+        self.seq_len, self.vocab_size, self.seed = seq_len, vocab_size, seed
+
+    def __len__(self):
+        return 1_000_000
+
+    def __getitem__(self, index):
+        if index >= 24:
+            raise RuntimeError(f"crashed on purpose (e2e test) at sample {index}")
+        return (index * 7919 + self.seed + torch.arange(self.seq_len + 1)) % self.vocab_size
+
+
+def make(seq_len, vocab_size, seed):
+    return Crashing(seq_len, vocab_size, seed)
 """
 
 
-@pytest.mark.xfail(strict=True, reason="torchrun --max-restarts=1000000 (render.TORCHRUN_MAX_RESTARTS) restarts a "
-                   "crashing trainer inside its pod forever: the pod never fails, so the operator never counts it")
 def test_crashing_trainer_spends_failure_budget_with_backoff(session, tmp_path):
     name = "crash"
-    (tmp_path / "crash.py").write_text(CRASH)
-    docs = tiny_job(name, workers=(1, 1), spec={
-        "command": ["/scripts/crash.py"],
+    (tmp_path / "crashing_data.py").write_text(CRASHING_DATA)
+    docs = tiny_job(name, workers=(1, 1), trainer={"flags": {"data-factory": "crashing_data:make"}}, spec={
         "failurePolicy": {"maxFailures": 2, "backoffBaseSeconds": 2, "backoffMaxSeconds": 8, "jitter": 0},
     })
     tpl = docs[1]["spec"]["podTemplate"]
+    tpl["env"].append({"name": "PYTHONPATH", "value": "/scripts"})
     tpl["volumes"] = [{"name": "scripts", "hostPath": {"path": str(tmp_path), "type": "Directory"}}]
     tpl["volumeMounts"] = [{"name": "scripts", "mountPath": "/scripts"}]
     apply(session, docs)
@@ -151,7 +162,7 @@ def test_crashing_trainer_spends_failure_budget_with_backoff(session, tmp_path):
                 seen.setdefault(int(p["metadata"]["labels"]["ftjob.dev/restart-generation"]), now)
         # Fail fast, saying why, when the crashes never leave the pod.
         logs = session.cluster.dir / "logs" / session.ns
-        crashes = sum(f.read_text(errors="replace").count("crashing on purpose")
+        crashes = sum(f.read_text(errors="replace").count("training failed")
                       for f in logs.glob(f"{name}-worker-*/trainer*.log"))
         if crashes > 10 and not st.get("failures"):
             pytest.fail(f"the trainer crashed {crashes} times inside its pod (torchrun restarted it each time) and "
