@@ -25,7 +25,7 @@ def pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
-def render(doc: dict, before: dict | None) -> str:
+def render(doc: dict, before: dict | None, notes: list[str] | None = None) -> str:
     t, c, comp, g = doc["throughput"], doc["checkpoint"], doc.get("compile"), doc["goals"]
     cfg = doc["config"]
     plain = t["plain_fsdp2_tokens_per_s"]
@@ -97,6 +97,10 @@ def render(doc: dict, before: dict | None) -> str:
             f"{bc['load_seconds']:.1f} s.",
             "",
         ]
+    for note in notes or []:
+        lines += [f"- {note}"]
+    if notes:
+        lines.append("")
     raw = {k: v for k, v in doc.items() if k != "profile"}
     lines += [
         "<details><summary>raw results.json (the profile's top kernels left out)</summary>",
@@ -114,10 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("results", help="results.json of bench/trainer_bench.py")
     p.add_argument("--before", help="an earlier results.json to quote for comparison")
     p.add_argument("--write", help="RESULTS.md to update in place (default: print the section)")
+    p.add_argument("--note", action="append", default=[], help="a remark listed under the table (repeatable)")
     a = p.parse_args(argv)
     doc = json.loads(Path(a.results).read_text())
     before = json.loads(Path(a.before).read_text()) if a.before else None
-    section = f"{START}\n{render(doc, before)}\n{END}"
+    section = f"{START}\n{render(doc, before, a.note)}\n{END}"
     if not a.write:
         print(section)
         return 0
