@@ -1,0 +1,383 @@
+"""The chart's RBAC is enough for the operator, and nothing less would do: `helm install` into the local cluster,
+then `ftjob operator` runs as a local process with the flags and environment of the Deployment the chart installed,
+authenticated as the chart's ServiceAccount (a TokenRequest token in its kubeconfig), so the local API server holds
+every request to the chart's (Cluster)Roles.
+
+- the default install (cluster-wide ClusterRole) and the namespaced one (Roles in watchNamespaces): a TrainingJob
+  runs to Succeeded (its TTL then deletes it) and the operator never heard a 403;
+- the same install with one verb taken out of the operator's rule: the server answers 403, the operator says so
+  (log line and an ApiError event on the job), and the job does not succeed. This is what makes the positive case
+  meaningful: a chart that lacks a verb the operator uses fails it.
+
+Workers run a stand-in trainer (stdlib only) under the real torchrun, with the real coordinator, so the test is about
+the operator's requests and takes seconds per job.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from chart_helpers import CHART, ROOT, set_args, tool
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(
+        importlib.util.find_spec("ftjob_local.apiserver.__main__") is None
+        or importlib.util.find_spec("ftjob_operator.handlers") is None,
+        reason="the local cluster (ftjob_local) or the operator's handlers are not in this build",
+    ),
+]
+
+from ftjob_local.cluster import LocalCluster, free_port  # noqa: E402
+from kubernetes import client as k8s  # noqa: E402
+from kubernetes import config as k8s_config  # noqa: E402
+from kubernetes.client.rest import ApiException  # noqa: E402
+
+RELEASE, NS = "ftjob", "ftjob-system"
+TEAM = "team-a"  # the watched namespace of the namespaced install
+GROUP, VERSION, PLURAL = "ftjob.dev", "v1alpha1", "trainingjobs"
+# Any 403 answer in the operator's log: the server's message ('... is forbidden: User "system:serviceaccount:..."
+# cannot ...') as the operator's client layer (kube.py: "HTTP 403 Forbidden") and kopf's APIForbiddenError carry
+# it, and kopf's own warnings when it falls back after a 403 on a list or watch ("Not enough permissions to ...").
+FORBIDDEN = re.compile(r"HTTP 403|forbidden|not enough (rbac )?permissions", re.IGNORECASE)
+
+# A stand-in for ftjob_trainer.train: report a step to the coordinator, write the "done" termination message, exit 0.
+DONE_TRAINER = r"""
+import json, os, urllib.request
+if os.environ.get("GROUP_RANK", "0") == "0" and os.environ.get("LOCAL_RANK", "0") == "0":
+    req = urllib.request.Request(os.environ["FTJOB_COORDINATOR_URL"] + "/v1/progress", method="POST",
+                                 data=json.dumps({"step": 3}).encode(),
+                                 headers={"Authorization": "Bearer " + os.environ["FTJOB_TOKEN"],
+                                          "Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=10).read()
+with open(os.environ["FTJOB_TERMINATION_LOG"], "w") as f:
+    json.dump({"step": 3, "checkpoint": None, "reason": "done", "exitCode": 0, "message": "finished"}, f)
+print("stand-in trainer: done", flush=True)
+"""
+
+
+def wait_until(fn: Callable[[], Any], timeout: float, what: str, diagnose: Callable[[], str]) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up after {timeout:g}s waiting for {what}\n{diagnose()}")
+        time.sleep(0.2)
+
+
+class OperatorProcess:
+    """`ftjob operator` as a local process with the chart Deployment's args and env, in its own process group."""
+
+    def __init__(self, deployment: dict[str, Any], kubeconfig: Path, log_path: Path):
+        container = next(
+            c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "operator"
+        )
+        self.port = free_port()
+        # The chart's metrics port is the pod's own; on this machine take a free one (the probes' port does not
+        # matter to RBAC).
+        self.args = [
+            f"--metrics-port={self.port}" if a.startswith("--metrics-port=") else a for a in container["args"]
+        ]
+        self.env = {**os.environ, **self._container_env(container, deployment["metadata"]["namespace"])}
+        self.kubeconfig, self.log_path = kubeconfig, log_path
+        self.proc: subprocess.Popen | None = None
+
+    @staticmethod
+    def _container_env(container: dict[str, Any], namespace: str) -> dict[str, str]:
+        """The container's env as the kubelet would resolve it for a pod named ftjob-local-operator."""
+        field_values = {"metadata.name": "ftjob-local-operator", "metadata.namespace": namespace}
+        out = {}
+        for var in container.get("env") or []:
+            if "value" in var:
+                out[var["name"]] = var["value"]
+            else:
+                path = var["valueFrom"]["fieldRef"]["fieldPath"]
+                assert path in field_values, (
+                    f"the test does not resolve env {var['name']} from {path}; add it"
+                )
+                out[var["name"]] = field_values[path]
+        return out
+
+    def start(self, timeout: float = 60) -> None:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "ftjob_operator", "operator", "--kubeconfig", str(self.kubeconfig),
+                 *self.args],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env=self.env, cwd=ROOT,
+            )  # fmt: skip
+        wait_until(lambda: self.healthz() == "ok", timeout, "the operator's /healthz", self.log_tail)
+
+    def healthz(self) -> str | None:
+        if self.proc is None or self.proc.poll() is not None:
+            raise AssertionError(
+                f"the operator exited ({self.proc and self.proc.returncode}):\n{self.log_tail()}"
+            )
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2) as resp:
+                return resp.read().decode()
+        except OSError:
+            return None
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def forbidden_lines(self) -> list[str]:
+        return [line for line in self.log().splitlines() if FORBIDDEN.search(line)]
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "operator log:\n" + "\n".join(self.log().splitlines()[-lines:])
+
+
+class Cluster:
+    """The local cluster after `helm install`: helm and kubectl as the administrator, a client as the chart's SA."""
+
+    def __init__(self, local: LocalCluster, root: Path, stand_in: Path):
+        self.local, self.root, self.stand_in = local, root, stand_in
+        self.env = {
+            **os.environ,
+            "KUBECONFIG": str(local.kubeconfig),
+            "HELM_CACHE_HOME": str(root / "helm-cache"),
+            "HELM_CONFIG_HOME": str(root / "helm-config"),
+            "HELM_DATA_HOME": str(root / "helm-data"),
+        }
+        self.admin = k8s_config.new_client_from_config(config_file=str(local.kubeconfig))
+        self.core = k8s.CoreV1Api(self.admin)
+        self.custom = k8s.CustomObjectsApi(self.admin)
+        self.rbac = k8s.RbacAuthorizationV1Api(self.admin)
+        self.apps = k8s.AppsV1Api(self.admin)
+
+    def run(self, binary: str, *args: str, stdin: str | None = None) -> str:
+        proc = subprocess.run(
+            [tool(binary), *args], capture_output=True, text=True, env=self.env, timeout=120, input=stdin
+        )
+        assert proc.returncode == 0, f"{binary} {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
+        return proc.stdout
+
+    def helm_install(self, values: dict[str, str]) -> dict[str, Any]:
+        """Install (or upgrade to) the chart with these values; returns the Deployment as the server stores it."""
+        self.run("helm", "upgrade", "--install", RELEASE, str(CHART), "-n", NS, "--create-namespace",
+                 "--wait=false", "--reset-values", *set_args(values))  # fmt: skip
+        return self.admin.sanitize_for_serialization(self.apps.read_namespaced_deployment(RELEASE, NS))
+
+    def sa_kubeconfig(self, deployment: dict[str, Any]) -> Path:
+        """A kubeconfig that authenticates as the Deployment's ServiceAccount with a TokenRequest token."""
+        sa = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+        request = k8s.AuthenticationV1TokenRequest(
+            spec=k8s.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
+        )
+        token = self.core.create_namespaced_service_account_token(sa, NS, request).status.token
+        server = yaml.safe_load(self.local.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+        path = self.root / f"kubeconfig-{sa}"
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "local", "cluster": {"server": server}}],
+                    "users": [{"name": sa, "user": {"token": token}}],
+                    "contexts": [{"name": sa, "context": {"cluster": "local", "user": sa}}],
+                    "current-context": sa,
+                }
+            )
+        )
+        return path
+
+    def create_job(self, namespace: str, name: str) -> None:
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "TrainingJob",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "command": [str(self.stand_in)],
+                "workers": {"min": 1, "max": 1},
+                "checkpoint": {"volume": {"emptyDir": {}}},
+                "preemption": {"gracePeriodSeconds": 10},
+                "rendezvous": {"lastCallTimeoutSeconds": 1, "joinTimeoutSeconds": 60},
+                # Deleting the finished job is the operator's work too (trainingjobs delete).
+                "ttlSecondsAfterFinished": 1,
+            },
+        }
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+
+    def job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def pods(self, namespace: str, name: str) -> list[str]:
+        found = self.core.list_namespaced_pod(namespace, label_selector=f"ftjob.dev/job-name={name}")
+        return [p.metadata.name for p in found.items]
+
+    def events(self, namespace: str, name: str) -> list[tuple[str, str, str]]:
+        found = self.core.list_namespaced_event(namespace)
+        return [(e.type, e.reason, e.message or "") for e in found.items if e.involved_object.name == name]
+
+    def diagnose(self, namespace: str, name: str, operator: OperatorProcess) -> Callable[[], str]:
+        def describe() -> str:
+            job = self.job(namespace, name)
+            return (
+                f"job status: {json.dumps((job or {}).get('status'), indent=1)}\n"
+                f"pods: {self.pods(namespace, name)}\nevents: {self.events(namespace, name)}\n"
+                f"{operator.log_tail()}"
+            )
+
+        return describe
+
+
+def succeeded(job: dict[str, Any] | None) -> bool:
+    conditions = ((job or {}).get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Succeeded" and c["status"] == "True" for c in conditions)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("chart-rbac")
+    stand_in = root / "done_trainer.py"
+    stand_in.write_text(DONE_TRAINER)
+    local = LocalCluster(root / "cluster")
+    local.up(nodes=1, spot_nodes=0, operator=False, timeout=60, say=lambda *_: None)
+    try:
+        yield Cluster(local, root, stand_in)
+    finally:
+        local.down(say=lambda *_: None)
+
+
+@pytest.fixture
+def operator_for(cluster: Cluster, tmp_path: Path) -> Iterator[Callable[[dict[str, Any]], OperatorProcess]]:
+    """Starts the operator of an installed Deployment under its ServiceAccount; stops it after the test."""
+    started: list[OperatorProcess] = []
+
+    def start(deployment: dict[str, Any]) -> OperatorProcess:
+        op = OperatorProcess(deployment, cluster.sa_kubeconfig(deployment), tmp_path / "operator.log")
+        started.append(op)
+        op.start()
+        return op
+
+    try:
+        yield start
+    finally:
+        for op in started:
+            op.stop()
+
+
+def remove_verb(
+    cluster: Cluster, kind: str, name: str, namespace: str | None, resource: str, verb: str
+) -> None:
+    """Take one verb out of the rule on `resource` of an installed (Cluster)Role."""
+    if kind == "ClusterRole":
+        role = cluster.rbac.read_cluster_role(name)
+    else:
+        role = cluster.rbac.read_namespaced_role(name, namespace)
+    rules = [r for r in role.rules if resource in r.resources]
+    assert len(rules) == 1 and verb in rules[0].verbs, f"{kind} {name} has no rule with {resource} {verb}"
+    rules[0].verbs = [v for v in rules[0].verbs if v != verb]
+    if kind == "ClusterRole":
+        cluster.rbac.replace_cluster_role(name, role)
+    else:
+        cluster.rbac.replace_namespaced_role(name, namespace, role)
+
+
+def run_to_success(cluster: Cluster, op: OperatorProcess, namespace: str, name: str) -> None:
+    describe = cluster.diagnose(namespace, name, op)
+    cluster.create_job(namespace, name)
+    wait_until(lambda: succeeded(cluster.job(namespace, name)), 90, f"{namespace}/{name} Succeeded", describe)
+    # ttlSecondsAfterFinished: the operator deletes the job (and its Secret, Service and pods go with it).
+    wait_until(lambda: cluster.job(namespace, name) is None, 30, "the TTL to delete the job", describe)
+    assert op.forbidden_lines() == [], "the chart's RBAC lacks a verb the operator used:\n" + "\n".join(
+        op.forbidden_lines()
+    )
+
+
+def fails_with_403(
+    cluster: Cluster, op: OperatorProcess, namespace: str, name: str, missing: str
+) -> list[tuple[str, str, str]]:
+    """The job is refused where the verb is missing: 403 in the operator's log and event, no success."""
+    describe = cluster.diagnose(namespace, name, op)
+    cluster.create_job(namespace, name)
+    wait_until(
+        lambda: any(missing in line for line in op.forbidden_lines()), 60, f"a 403 on {missing}", describe
+    )
+    warnings = wait_until(
+        lambda: [e for e in cluster.events(namespace, name) if e[0] == "Warning" and "forbidden" in e[2]],
+        30,
+        "the operator's Warning event about the 403",
+        describe,
+    )
+    assert not succeeded(cluster.job(namespace, name)), describe()
+    return warnings
+
+
+# --- tests -------------------------------------------------------------------------------------------------------
+def test_sa_token_is_held_to_the_charts_rbac(cluster):
+    """The operator's credentials are really the chart's: what the chart does not grant is refused."""
+    deployment = cluster.helm_install({})
+    sa_client = k8s_config.new_client_from_config(config_file=str(cluster.sa_kubeconfig(deployment)))
+    sa_core = k8s.CoreV1Api(sa_client)
+    assert sa_core.list_pod_for_all_namespaces().items is not None  # granted cluster-wide by default
+    with pytest.raises(ApiException) as refused:
+        sa_core.list_namespaced_config_map(NS)  # never granted
+    message = json.loads(refused.value.body)["message"]
+    assert refused.value.status == 403 and 'cannot list resource "configmaps"' in message, message
+
+
+def test_default_install_runs_a_job_to_success_with_no_403(cluster, operator_for):
+    op = operator_for(cluster.helm_install({}))
+    assert not any(a.startswith("--namespace") for a in op.args), "the default watches every namespace"
+    run_to_success(cluster, op, "default", "rbac-default")
+
+
+def test_clusterrole_without_pods_create_fails_the_job_with_403(cluster, operator_for):
+    deployment = cluster.helm_install({})
+    remove_verb(cluster, "ClusterRole", RELEASE, None, "pods", "create")
+    op = operator_for(deployment)
+    warnings = fails_with_403(cluster, op, "default", "rbac-no-pods", 'cannot create resource "pods"')
+    assert any(reason == "ApiError" for _, reason, _ in warnings), warnings
+    assert cluster.pods("default", "rbac-no-pods") == []
+
+
+def test_namespaced_install_runs_a_job_to_success_and_a_missing_verb_fails(cluster, operator_for):
+    cluster.core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=TEAM)))
+    deployment = cluster.helm_install({"rbac.namespaced": "true", "watchNamespaces": "{" + TEAM + "}"})
+    role_names = {r.metadata.name for r in cluster.rbac.list_cluster_role().items}
+    assert RELEASE not in role_names, "namespaced RBAC grants pods, secrets and jobs only through Roles"
+    op = operator_for(deployment)
+    assert f"--namespace={TEAM}" in op.args
+    run_to_success(cluster, op, TEAM, "rbac-namespaced")
+
+    remove_verb(cluster, "Role", RELEASE, TEAM, "trainingjobs/status", "patch")
+    fails_with_403(
+        cluster, op, TEAM, "rbac-no-status", 'cannot patch resource "trainingjobs" subresource "status"'
+    )
