@@ -50,6 +50,9 @@ def test_http_api():
         "/v1/progress",
         "/v1/checkpoint",
     )
+    assert contract.ROUTE_ERROR == "/v1/error"
+    assert contract.ENV_POD_NAME == "POD_NAME"
+    assert (contract.ERRORS_KEPT, contract.ERROR_MESSAGE_MAX) == (16, 1024)
 
 
 def test_termination_reasons():
