@@ -1,8 +1,8 @@
 """`helm install` of the chart into the embedded local cluster, as a user would: CRDs, RBAC, Deployment, upgrade to
 HA + namespaced RBAC + NetworkPolicy, uninstall, and bad values refused by `helm install` itself.
 
-Not covered yet (needs the operator's kopf handlers and RBAC enforcement in the local API server): the operator
-running under the chart's ServiceAccount until a TrainingJob succeeds, and failing when a verb is missing.
+The operator running under the chart's ServiceAccount until a TrainingJob succeeds, and failing when a verb is
+missing, is test_install_operator_rbac.py.
 """
 
 from __future__ import annotations

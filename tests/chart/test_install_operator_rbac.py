@@ -15,6 +15,7 @@ the operator's requests and takes seconds per job.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -49,6 +50,34 @@ from kubernetes.client.rest import ApiException  # noqa: E402
 
 RELEASE, NS = "ftjob", "ftjob-system"
 TEAM = "team-a"  # the watched namespace of the namespaced install
+# Installs whose operator must take a job to success: values, and the namespace the job runs in.
+INSTALLS: dict[str, tuple[dict[str, str], str]] = {
+    "defaults": ({}, "default"),
+    "ha-cluster-wide": ({"replicaCount": "2", "peering.enabled": "true"}, "default"),
+    "ha-namespaced": (
+        {
+            "replicaCount": "2",
+            "peering.enabled": "true",
+            "rbac.namespaced": "true",
+            "watchNamespaces": "{" + TEAM + "}",
+        },
+        TEAM,
+    ),
+}
+# Installs with one verb taken out of the operator's (Cluster)Role (named like the release): (install, (kind,
+# resource, verb), what the 403 says).
+MISSING_VERBS = {
+    "defaults-pods-create": (
+        "defaults",
+        ("ClusterRole", "pods", "create"),
+        'cannot create resource "pods"',
+    ),
+    "ha-namespaced-status-patch": (
+        "ha-namespaced",
+        ("Role", "trainingjobs/status", "patch"),
+        'cannot patch resource "trainingjobs" subresource "status"',
+    ),
+}
 GROUP, VERSION, PLURAL = "ftjob.dev", "v1alpha1", "trainingjobs"
 # Any 403 answer in the operator's log: the server's message ('... is forbidden: User "system:serviceaccount:..."
 # cannot ...') as the operator's client layer (kube.py: "HTTP 403 Forbidden") and kopf's APIForbiddenError carry
@@ -270,7 +299,10 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
     local = LocalCluster(root / "cluster")
     local.up(nodes=1, spot_nodes=0, operator=False, timeout=60, say=lambda *_: None)
     try:
-        yield Cluster(local, root, stand_in)
+        made = Cluster(local, root, stand_in)
+        # rbac.namespaced puts Roles into watchNamespaces, which must exist first (the chart's README says so).
+        made.core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=TEAM)))
+        yield made
     finally:
         local.down(say=lambda *_: None)
 
@@ -293,21 +325,37 @@ def operator_for(cluster: Cluster, tmp_path: Path) -> Iterator[Callable[[dict[st
             op.stop()
 
 
-def remove_verb(
-    cluster: Cluster, kind: str, name: str, namespace: str | None, resource: str, verb: str
-) -> None:
-    """Take one verb out of the rule on `resource` of an installed (Cluster)Role."""
+def read_role(cluster: Cluster, kind: str, name: str, namespace: str | None) -> Any:
     if kind == "ClusterRole":
-        role = cluster.rbac.read_cluster_role(name)
-    else:
-        role = cluster.rbac.read_namespaced_role(name, namespace)
-    rules = [r for r in role.rules if resource in r.resources]
-    assert len(rules) == 1 and verb in rules[0].verbs, f"{kind} {name} has no rule with {resource} {verb}"
-    rules[0].verbs = [v for v in rules[0].verbs if v != verb]
+        return cluster.rbac.read_cluster_role(name)
+    return cluster.rbac.read_namespaced_role(name, namespace)
+
+
+def replace_role(cluster: Cluster, kind: str, name: str, namespace: str | None, role: Any) -> None:
     if kind == "ClusterRole":
         cluster.rbac.replace_cluster_role(name, role)
     else:
         cluster.rbac.replace_namespaced_role(name, namespace, role)
+
+
+@contextlib.contextmanager
+def verb_removed(
+    cluster: Cluster, kind: str, name: str, namespace: str | None, resource: str, verb: str
+) -> Iterator[None]:
+    """One verb taken out of the rule on `resource` of an installed (Cluster)Role, put back afterwards."""
+    role = read_role(cluster, kind, name, namespace)
+    original = [list(r.verbs) for r in role.rules]
+    rules = [r for r in role.rules if resource in r.resources]
+    assert len(rules) == 1 and verb in rules[0].verbs, f"{kind} {name} has no rule with {resource} {verb}"
+    rules[0].verbs = [v for v in rules[0].verbs if v != verb]
+    replace_role(cluster, kind, name, namespace, role)
+    try:
+        yield
+    finally:
+        role = read_role(cluster, kind, name, namespace)
+        for rule, verbs in zip(role.rules, original, strict=True):
+            rule.verbs = verbs
+        replace_role(cluster, kind, name, namespace, role)
 
 
 def run_to_success(cluster: Cluster, op: OperatorProcess, namespace: str, name: str) -> None:
@@ -321,23 +369,23 @@ def run_to_success(cluster: Cluster, op: OperatorProcess, namespace: str, name: 
     )
 
 
-def fails_with_403(
-    cluster: Cluster, op: OperatorProcess, namespace: str, name: str, missing: str
-) -> list[tuple[str, str, str]]:
-    """The job is refused where the verb is missing: 403 in the operator's log and event, no success."""
+def fails_with_403(cluster: Cluster, op: OperatorProcess, namespace: str, name: str, missing: str) -> None:
+    """The job is refused where the verb is missing: 403 in the operator's log and an ApiError event, no success."""
     describe = cluster.diagnose(namespace, name, op)
     cluster.create_job(namespace, name)
     wait_until(
         lambda: any(missing in line for line in op.forbidden_lines()), 60, f"a 403 on {missing}", describe
     )
-    warnings = wait_until(
-        lambda: [e for e in cluster.events(namespace, name) if e[0] == "Warning" and "forbidden" in e[2]],
+    wait_until(
+        lambda: any(
+            type_ == "Warning" and reason == "ApiError" and missing in message
+            for type_, reason, message in cluster.events(namespace, name)
+        ),
         30,
         "the operator's Warning event about the 403",
         describe,
     )
     assert not succeeded(cluster.job(namespace, name)), describe()
-    return warnings
 
 
 # --- tests -------------------------------------------------------------------------------------------------------
@@ -353,31 +401,30 @@ def test_sa_token_is_held_to_the_charts_rbac(cluster):
     assert refused.value.status == 403 and 'cannot list resource "configmaps"' in message, message
 
 
-def test_default_install_runs_a_job_to_success_with_no_403(cluster, operator_for):
-    op = operator_for(cluster.helm_install({}))
-    assert not any(a.startswith("--namespace") for a in op.args), "the default watches every namespace"
-    run_to_success(cluster, op, "default", "rbac-default")
-
-
-def test_clusterrole_without_pods_create_fails_the_job_with_403(cluster, operator_for):
-    deployment = cluster.helm_install({})
-    remove_verb(cluster, "ClusterRole", RELEASE, None, "pods", "create")
+@pytest.mark.parametrize("scenario", sorted(INSTALLS))
+def test_installed_operator_runs_a_job_to_success_with_no_403(cluster, operator_for, scenario):
+    values, namespace = INSTALLS[scenario]
+    deployment = cluster.helm_install(values)
+    if values.get("rbac.namespaced") == "true":
+        cluster_roles = {r.metadata.name for r in cluster.rbac.list_cluster_role().items}
+        assert RELEASE not in cluster_roles, (
+            "namespaced RBAC grants pods, secrets and jobs only through Roles"
+        )
     op = operator_for(deployment)
-    warnings = fails_with_403(cluster, op, "default", "rbac-no-pods", 'cannot create resource "pods"')
-    assert any(reason == "ApiError" for _, reason, _ in warnings), warnings
-    assert cluster.pods("default", "rbac-no-pods") == []
+    watched = [a.split("=", 1)[1] for a in op.args if a.startswith("--namespace=")]
+    assert watched == ([namespace] if "watchNamespaces" in values else []), op.args
+    assert any(a.startswith("--peering=") for a in op.args) == (values.get("peering.enabled") == "true")
+    run_to_success(cluster, op, namespace, f"ok-{scenario}")
 
 
-def test_namespaced_install_runs_a_job_to_success_and_a_missing_verb_fails(cluster, operator_for):
-    cluster.core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=TEAM)))
-    deployment = cluster.helm_install({"rbac.namespaced": "true", "watchNamespaces": "{" + TEAM + "}"})
-    role_names = {r.metadata.name for r in cluster.rbac.list_cluster_role().items}
-    assert RELEASE not in role_names, "namespaced RBAC grants pods, secrets and jobs only through Roles"
-    op = operator_for(deployment)
-    assert f"--namespace={TEAM}" in op.args
-    run_to_success(cluster, op, TEAM, "rbac-namespaced")
-
-    remove_verb(cluster, "Role", RELEASE, TEAM, "trainingjobs/status", "patch")
-    fails_with_403(
-        cluster, op, TEAM, "rbac-no-status", 'cannot patch resource "trainingjobs" subresource "status"'
-    )
+@pytest.mark.parametrize("scenario", sorted(MISSING_VERBS))
+def test_a_verb_missing_from_the_chart_fails_the_job_with_403(cluster, operator_for, scenario):
+    install, (kind, resource, verb), missing = MISSING_VERBS[scenario]
+    values, namespace = INSTALLS[install]
+    deployment = cluster.helm_install(values)
+    role_namespace = namespace if kind == "Role" else None
+    with verb_removed(cluster, kind, RELEASE, role_namespace, resource, verb):
+        op = operator_for(deployment)
+        fails_with_403(cluster, op, namespace, f"missing-{scenario}", missing)
+        if (resource, verb) == ("pods", "create"):
+            assert cluster.pods(namespace, f"missing-{scenario}") == []

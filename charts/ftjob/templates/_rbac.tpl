@@ -1,37 +1,42 @@
-{{/* RBAC rule lists shared by the ClusterRole and the per-namespace Roles (rbac.yaml). */}}
+{{/* RBAC rule lists shared by the ClusterRole and the per-namespace Roles (rbac.yaml). Every verb is one the operator
+(operator/ftjob_operator/kube.py, handlers.py) or kopf sends; tests/chart/test_install_operator_rbac.py runs the
+operator under exactly these rules and fails on any 403. */}}
 {{- define "ftjob.namespacedRules" -}}
-# The operator's own resource: kopf watches TrainingJobs and patches them (finalizer, kopf progress annotations);
-# delete is for ttlSecondsAfterFinished.
+# The operator's own resource: kopf lists and watches TrainingJobs and patches them (finalizer, kopf progress
+# annotations); each pass GETs the job fresh; delete is for ttlSecondsAfterFinished.
 - apiGroups: [{{ include "ftjob.apiGroup" . | quote }}]
   resources: [trainingjobs]
   verbs: [get, list, watch, patch, delete]
-# Status: phase, conditions, preemption/failure counters, last checkpoint. (No trainingjobs/scale: the operator
-# never scales through the scale subresource; users and autoscalers do.)
+# Status: phase, conditions, preemption/failure counters, last checkpoint, written as a merge patch (never a PUT,
+# so no update). No trainingjobs/scale: the operator never scales through the scale subresource; users and
+# autoscalers do.
 - apiGroups: [{{ include "ftjob.apiGroup" . | quote }}]
   resources: [trainingjobs/status]
-  verbs: [patch, update]
-# Children: coordinator and worker pods (create replacements, delete on scale-down or finish, patch labels and
-# annotations, observe phases, exit codes and DisruptionTarget conditions).
+  verbs: [patch]
+# Children: coordinator and worker pods. Create replacements, delete on preemption, scale-down, restart or finish;
+# list (by job label) and watch to observe phases, exit codes and DisruptionTarget conditions. Pods are never
+# patched or read one by one.
 - apiGroups: [""]
   resources: [pods]
-  verbs: [create, delete, get, list, watch, patch]
-# Children: the coordinator Service (rendezvous store and control API).
+  verbs: [create, delete, list, watch]
+# Children: the coordinator Service (rendezvous store and control API; its clusterIP is read with a GET) and the
+# job's control-API token Secret. Both are owned by the job, so the garbage collector deletes them with it.
 - apiGroups: [""]
   resources: [services]
-  verbs: [create, delete, get, list, watch]
-# Children: the job's control-API token Secret (created and owned by the operator).
+  verbs: [create, get]
 - apiGroups: [""]
   resources: [secrets]
-  verbs: [create, delete, get, list, watch]
-# Events that say why pods were replaced (preemption vs failure); kopf posts its handler events too.
+  verbs: [create, get]
+# Events that say why pods were replaced (preemption vs failure); kopf posts its warnings too. Posted, never patched.
 - apiGroups: [""]
   resources: [events]
-  verbs: [create, patch]
+  verbs: [create]
 {{- end }}
 {{- define "ftjob.kopfPeeringRule" -}}
-# kopf peering between replicas (namespaced operators use KopfPeering in each watched namespace): watch the
-# peers' keep-alives, patch our own; `ftjob operator --peering` creates the object when it is missing.
+# kopf peering between replicas (namespaced operators use KopfPeering in each watched namespace): list and watch
+# the peers' keep-alives, patch our own; `ftjob operator --peering` creates the object when it is missing (and is
+# answered 409 when it exists, which still needs create).
 - apiGroups: [kopf.dev]
   resources: [kopfpeerings]
-  verbs: [get, list, watch, patch, create]
+  verbs: [list, watch, patch, create]
 {{- end }}
