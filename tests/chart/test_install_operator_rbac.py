@@ -3,11 +3,12 @@ then `ftjob operator` runs as a local process with the flags and environment of 
 authenticated as the chart's ServiceAccount (a TokenRequest token in its kubeconfig), so the local API server holds
 every request to the chart's (Cluster)Roles.
 
-- the default install (cluster-wide ClusterRole) and the namespaced one (Roles in watchNamespaces): a TrainingJob
-  runs to Succeeded (its TTL then deletes it) and the operator never heard a 403;
+- the default install (cluster-wide ClusterRole), HA cluster-wide (ClusterKopfPeering) and HA namespaced (Roles and
+  KopfPeering in watchNamespaces): a TrainingJob runs to Succeeded, its TTL deletes it, and the operator never heard
+  a 403, not even one it survives (a refused event post, a kopf watch that falls back) -- that run sends every verb
+  the chart grants, so a chart that lacks one fails here;
 - the same install with one verb taken out of the operator's rule: the server answers 403, the operator says so
-  (log line and an ApiError event on the job), and the job does not succeed. This is what makes the positive case
-  meaningful: a chart that lacks a verb the operator uses fails it.
+  (log line and an ApiError event on the job), and the job does not succeed.
 
 Workers run a stand-in trainer (stdlib only) under the real torchrun, with the real coordinator, so the test is about
 the operator's requests and takes seconds per job.
@@ -303,6 +304,7 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
         # rbac.namespaced puts Roles into watchNamespaces, which must exist first (the chart's README says so).
         made.core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=TEAM)))
         yield made
+        made.admin.close()
     finally:
         local.down(say=lambda *_: None)
 
@@ -394,9 +396,12 @@ def test_sa_token_is_held_to_the_charts_rbac(cluster):
     deployment = cluster.helm_install({})
     sa_client = k8s_config.new_client_from_config(config_file=str(cluster.sa_kubeconfig(deployment)))
     sa_core = k8s.CoreV1Api(sa_client)
-    assert sa_core.list_pod_for_all_namespaces().items is not None  # granted cluster-wide by default
-    with pytest.raises(ApiException) as refused:
-        sa_core.list_namespaced_config_map(NS)  # never granted
+    try:
+        assert sa_core.list_pod_for_all_namespaces().items is not None  # granted cluster-wide by default
+        with pytest.raises(ApiException) as refused:
+            sa_core.list_namespaced_config_map(NS)  # never granted
+    finally:
+        sa_client.close()
     message = json.loads(refused.value.body)["message"]
     assert refused.value.status == 403 and 'cannot list resource "configmaps"' in message, message
 
