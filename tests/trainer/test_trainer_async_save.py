@@ -85,3 +85,59 @@ def test_three_async_saves_in_a_row_all_commit(world_of_one, tmp_path):
         fresh = make_engine()
         got = Checkpointer(str(alone), keep_last=3, engine=fresh, rank=0, world_size=1).load_latest()
         assert got.step == saved_step and state_sha256(*fresh.full_state()) == hashes[saved_step]
+
+
+def _fail_inflight_write(ckpt: Checkpointer) -> str:
+    """Let the real background write finish, then make its result the failure DCP reports for a write that broke
+    (disk full): what poll()/drain() see when a periodic save fails while a SIGTERM arrives."""
+    from concurrent.futures import Future
+
+    f = ckpt.inflight
+    assert f is not None and f.upload is not None
+    f.upload.result()
+    failed: Future = Future()
+    failed.set_exception(OSError(28, "No space left on device"))
+    f.upload = failed
+    return f.tmp
+
+
+@pytest.mark.parametrize("stop_step_same", [False, True], ids=["next-step", "same-step"])
+def test_a_failed_inflight_save_does_not_stop_the_preemption_save(world_of_one, tmp_path, stop_step_same):
+    engine = make_engine()
+    ckpt = Checkpointer(str(tmp_path), keep_last=3, engine=engine, rank=0, world_size=1)
+    try:
+        train_step(engine, ckpt, 0)
+        assert ckpt.save(1, {}) is not None
+        train_step(engine, ckpt, 1)
+        ckpt.save(2, {}, asynchronous=True)
+        failed_tmp = _fail_inflight_write(ckpt)
+        stop_step = 2
+        if not stop_step_same:
+            train_step(engine, ckpt, 2)
+            stop_step = 3
+        # the stop path: a sync save must drop the failed one (logged) and commit its own step
+        path = ckpt.save(stop_step, {}, asynchronous=False)
+    finally:
+        ckpt.close()
+    assert path is not None and path.endswith(f"step-{stop_step:09d}")
+    assert [s for s, _ in list_committed(str(tmp_path))] == [stop_step, 1]
+    if not stop_step_same:
+        assert not os.path.exists(failed_tmp), "the failed save's temp dir must be removed"
+    assert ckpt.last_committed[0] == stop_step
+
+
+def test_drain_after_a_failed_inflight_save_keeps_the_last_committed(world_of_one, tmp_path):
+    engine = make_engine()
+    ckpt = Checkpointer(str(tmp_path), keep_last=3, engine=engine, rank=0, world_size=1)
+    try:
+        train_step(engine, ckpt, 0)
+        first = ckpt.save(1, {})
+        train_step(engine, ckpt, 1)
+        ckpt.save(2, {}, asynchronous=True)
+        failed_tmp = _fail_inflight_write(ckpt)
+        assert ckpt.drain() is None
+    finally:
+        ckpt.close()
+    assert ckpt.last_committed == (1, first)
+    assert not os.path.exists(failed_tmp)
+    assert [s for s, _ in list_committed(str(tmp_path))] == [1]

@@ -301,9 +301,11 @@ class Checkpointer:
         """Collective. Sync: returns the committed path. Async: returns None; poll()/drain() commit it later."""
         assert self.root, "save() needs a checkpoint directory"
         if self.inflight and self.inflight.step == step and not asynchronous:
-            _, path, _ = self.drain()  # an async save of this very step is in flight: finishing it is enough
-            self._barrier()
-            return path
+            done = self.drain()  # an async save of this very step is in flight: finishing it is enough
+            if done is not None:
+                self._barrier()
+                return done[1]
+            # it failed (logged, dropped): save this step again, synchronously
         if self.last_committed and self.last_committed[0] == step:
             return self.last_committed[1]  # this exact state is already committed
         self.drain()
@@ -373,6 +375,25 @@ class Checkpointer:
         f = self.inflight
         if f is None or f.upload is None or not f.upload.done():
             return None
+        return self._finish_or_drop()
+
+    def pending_seconds(self) -> float:
+        """A guess of how long the in-flight save still needs (its measured duration minus its age)."""
+        if self.inflight is None:
+            return 0.0
+        return max(0.0, (self.save_seconds or 0.0) - (time.monotonic() - self.inflight.started))
+
+    def drain(self) -> tuple[int, str, int | None] | None:
+        """Wait for an in-flight save and commit it (before exit, before the next save)."""
+        if self.inflight is None:
+            return None
+        return self._finish_or_drop()
+
+    def _finish_or_drop(self) -> tuple[int, str, int | None] | None:
+        """Commit the in-flight save; if its background write failed (disk full, a lost peer), log it, remove its
+        temp dir and return None: the last committed checkpoint stays the one to resume from, and the caller's
+        next save (the preemption save on the stop path) still runs. DCP raises the failure on every rank alike."""
+        f = self.inflight
         try:
             return self._finish()
         except Exception as e:  # noqa: BLE001 - any failure of the background write means: not committed
@@ -386,18 +407,6 @@ class Checkpointer:
             if self.rank == 0:
                 shutil.rmtree(f.tmp, ignore_errors=True)
             return None
-
-    def pending_seconds(self) -> float:
-        """A guess of how long the in-flight save still needs (its measured duration minus its age)."""
-        if self.inflight is None:
-            return 0.0
-        return max(0.0, (self.save_seconds or 0.0) - (time.monotonic() - self.inflight.started))
-
-    def drain(self) -> tuple[int, str, int | None] | None:
-        """Wait for an in-flight save and commit it (before exit, before the next save)."""
-        if self.inflight is None:
-            return None
-        return self._finish()
 
     def _finish(self):
         f = self.inflight
