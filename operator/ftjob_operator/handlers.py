@@ -66,6 +66,8 @@ class Runtime:
     # resourceVersion of our last status write, so its watch echo does not wake the loop again
     written: dict[tuple[str, str], str] = field(default_factory=dict)
     notices: dict[tuple[str, str], datetime] = field(default_factory=dict)  # first termination notice seen
+    # Nodes whose DELETED watch event we saw: only these count as gone (the index may lag a new node).
+    deleted_nodes: set[str] = field(default_factory=set)
 
     def waker(self, namespace: str, name: str) -> asyncio.Event:
         return self.wakers.setdefault((namespace, name), asyncio.Event())
@@ -131,10 +133,34 @@ def nodes_by_name(name: str, spec: kopf.Spec, **_: Any) -> dict[str, dict[str, A
 
 
 @kopf.on.event("", "v1", "nodes")
-def wake_jobs_on_node_change(memo: kopf.Memo, type: str | None, **_: Any) -> None:
+def wake_jobs_on_node_change(name: str, memo: kopf.Memo, type: str | None, **_: Any) -> None:
+    rt = _runtime(memo)
+    if type == "DELETED":
+        rt.deleted_nodes.add(name)
+    else:
+        rt.deleted_nodes.discard(name)  # a node of that name (re)appeared
     # A termination taint or a node gone concerns whichever jobs have pods there; a pass per job is cheap.
     if type is not None:  # None: the initial listing, which the daemons' first pass covers anyway
-        _runtime(memo).wake_all()
+        rt.wake_all()
+
+
+def node_view(
+    indexed: list[dict[str, Any]], pods: list[dict[str, Any]], deleted: set[str]
+) -> list[dict[str, Any]] | None:
+    """The node list for the planner, in which a missing node means "known gone".
+
+    None while the index is empty (not synced yet). A pod's node that the index lacks but whose deletion we did
+    not see (bound before its node's watch event arrived) is listed as present, without taints."""
+    if not indexed:
+        return None
+    names = {n["metadata"]["name"] for n in indexed}
+    out = list(indexed)
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node and node not in names and node not in deleted:
+            names.add(node)
+            out.append({"metadata": {"name": node}, "spec": {"taints": []}})
+    return out
 
 
 @kopf.on.event("", "v1", "pods", labels={render.LABEL_JOB_NAME: kopf.PRESENT})
@@ -227,13 +253,14 @@ async def observe(
     pods = await rt.kube.list_pods(namespace, f"{render.LABEL_JOB_NAME}={name}")
     # Pods of an earlier job with the same name (still being garbage-collected) are not this job's.
     pods = [p for p in pods if any(o.get("uid") == uid for o in (p["metadata"].get("ownerReferences") or []))]
+    known_nodes = node_view(nodes, pods, rt.deleted_nodes)
     service = await rt.kube.get_service(namespace, render.service_name(name))
     secret = await rt.kube.get_secret(namespace, render.secret_name(name), render.TOKEN_KEY)
     progress = await read_progress(rt, pods, service, secret.token, logger)
     return planner.Observed(
         job=job,
         pods=pods,
-        nodes=nodes,
+        nodes=known_nodes,
         service=service,
         secret_exists=secret.exists,
         progress=progress,

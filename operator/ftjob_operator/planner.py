@@ -7,7 +7,8 @@ actions in order, then emit the events.
 
 The handler's side, in order:
 1. Observe: the job; every pod labelled ftjob.dev/job-name=<job> (all restart generations, fresh from the API
-   when possible); all nodes (or None: then "node gone" is never concluded); the Service `<job>-coordinator`;
+   when possible); the nodes that exist (or None or []: then "node gone" is never concluded; a node missing
+   from a non-empty list is taken as known gone); the Service `<job>-coordinator`;
    whether the Secret `<job>-token` exists; the coordinator's GET /v1/progress when it answers; a fresh random
    token (used only if the Secret must be created).
 2. Write `Plan.status` to the status subresource (`status_patch(old, new)` gives a merge patch that also
@@ -250,7 +251,9 @@ class Nodes:
     """Node existence and termination taints; knows nothing when the handler did not list nodes."""
 
     def __init__(self, nodes: list[dict[str, Any]] | None):
-        self.known = nodes is not None
+        # An empty list is an index not synced yet (a cluster running our pods has nodes): concluding "every
+        # node gone" from it would retire every pod.
+        self.known = bool(nodes)
         self.by_name = {n["metadata"]["name"]: n for n in nodes or []}
 
     def gone(self, name: str | None) -> bool:

@@ -206,6 +206,44 @@ def test_preempted_worker_is_counted_once_and_replaced_at_once(variant):
     assert pods_created(again) == ["tj-worker-3"]  # the same name re-issued (409), not a new pod
 
 
+def _healthy_status() -> dict:
+    return {
+        "knownPods": ["tj-coordinator-0", "tj-worker-1", "tj-worker-2"],
+        "nextPodIndex": 3,
+        "startTime": "x",
+    }
+
+
+@pytest.mark.parametrize("nodes", [None, []], ids=["not listed", "empty index"])
+def test_no_node_view_concludes_no_node_gone(nodes):
+    obs = running_observed(job(status=_healthy_status()), nodes=nodes)
+    p = plan(obs, NOW)
+    assert (p.status["preemptions"], p.status["failures"], p.status["retiredPods"]) == (0, 0, [])
+    assert [a for a in p.actions if isinstance(a, (Create, Delete))] == []
+
+
+def test_a_node_missing_from_the_index_is_gone_only_after_its_deletion_was_seen():
+    from ftjob_operator.handlers import node_view
+
+    pods = [pod("coordinator", 0), pod("worker", 1), pod("worker", 2, node="node-new")]
+    indexed = [node("node-a")]  # node-new's watch event has not arrived yet
+    lagging = plan(
+        running_observed(job(status=_healthy_status()), pods=pods, nodes=node_view(indexed, pods, set())), NOW
+    )
+    assert (lagging.status["preemptions"], lagging.status["retiredPods"]) == (0, [])
+    assert [a for a in lagging.actions if isinstance(a, (Create, Delete))] == []
+    assert node_view([], pods, set()) is None
+
+    gone = plan(
+        running_observed(
+            job(status=_healthy_status()), pods=pods, nodes=node_view(indexed, pods, {"node-new"})
+        ),
+        NOW,
+    )
+    assert (gone.status["preemptions"], gone.status["retiredPods"]) == (1, ["tj-worker-2"])
+    assert pods_created(gone) == ["tj-worker-3"]
+
+
 def test_a_known_pod_that_vanished_counts_as_a_preemption():
     status = {
         "knownPods": ["tj-coordinator-0", "tj-worker-1", "tj-worker-2"],
