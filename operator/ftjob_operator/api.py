@@ -62,6 +62,13 @@ class _Model(BaseModel):
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
+class _StatusModel(_Model):
+    """Status parts: a status written by a newer operator (a rollback) may hold fields this one does not know.
+    Ignoring them keeps the counters; rejecting the whole status would lose them."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
 # --------------------------------------------------------------------------------------------------- spec
 class WorkersSpec(_Model):
     """How many worker pods (torchrun agents, one per node) the job runs."""
@@ -448,7 +455,7 @@ PHASES: tuple[str, ...] = Phase.__args__  # type: ignore[attr-defined]
 FINISHED_PHASES = ("Succeeded", "Failed")
 
 
-class Condition(_Model):
+class Condition(_StatusModel):
     """A metav1.Condition."""
 
     type: ConditionType = Field(..., description="type of the condition.")
@@ -465,7 +472,7 @@ class Condition(_Model):
     )
 
 
-class WorkersStatus(_Model):
+class WorkersStatus(_StatusModel):
     """Worker counts."""
 
     desired: int = Field(0, description="desired is the worker count the operator keeps (replicas or max).")
@@ -473,7 +480,7 @@ class WorkersStatus(_Model):
     ready: int = Field(0, description="ready is active workers that are running.")
 
 
-class CheckpointStatus(_Model):
+class CheckpointStatus(_StatusModel):
     """The newest committed checkpoint the coordinator reported."""
 
     step: int = Field(..., description="step of the checkpoint.")
@@ -483,7 +490,7 @@ class CheckpointStatus(_Model):
     path: str | None = Field(None, description="path of the checkpoint directory inside the pods.")
 
 
-class FailureStatus(_Model):
+class FailureStatus(_StatusModel):
     """What the last failure was (the Failed condition's message repeats it)."""
 
     pod: str = Field(..., description="pod that failed.")
@@ -501,7 +508,7 @@ def _names(description: str) -> Any:
     )
 
 
-class TrainingJobStatus(_Model):
+class TrainingJobStatus(_StatusModel):
     """The observed state, written only by the operator. Counters live here so an operator restart loses nothing."""
 
     phase: Phase | None = Field(None, description="phase is a one-word summary of the conditions.")

@@ -196,6 +196,11 @@ async def keep_training_job_converged(
         wake.clear()  # events from now on mean "look again"
         try:
             timeout = await reconcile(rt, namespace, name, uid, nodes_by_name, logger)
+        except planner.InvalidStatus as exc:
+            # No actions on an unreadable status: a reset one would delete the running pods.
+            logger.error("%s", exc)
+            kopf.event(body, type="Warning", reason="InvalidStatus", message=str(exc)[:1024])
+            timeout = PERMANENT_ERROR_RETRY_SECONDS
         except kopf.PermanentError as exc:
             # Not worth a quick retry (403, 422, ...): say so on the job and wait for a change to it or its pods.
             logger.error("cannot converge: %s", exc)

@@ -247,6 +247,21 @@ def pod_ready(pod: dict[str, Any]) -> bool:
     return ready is None or ready.get("status") == "True"
 
 
+class InvalidStatus(ValueError):
+    """The job's status cannot be read (unknown fields are ignored; this is a wrong type or value). `plan` then
+    plans nothing: the handler reports it and leaves the job and its pods alone until the status is fixed."""
+
+    def __init__(self, exc: ValidationError):
+        problems = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"])
+            problems.append(f"status.{loc}: {err['msg']}" if loc else f"status: {err['msg']}")
+        super().__init__(
+            "the status cannot be read, so nothing is changed until it is fixed (edit the status subresource "
+            "or remove the offending fields): " + "; ".join(problems)
+        )
+
+
 class Nodes:
     """Node existence and termination taints; knows nothing when the handler did not list nodes."""
 
@@ -424,8 +439,9 @@ class _Planner:
         self.generation = meta.get("generation")
         try:
             self.prev = api.parse_status(job.get("status"))
-        except ValidationError:
-            self.prev = api.TrainingJobStatus()  # unreadable status: start over rather than crash-loop
+        except ValidationError as exc:
+            # Starting over from an empty status would reset the counters and delete the running pods.
+            raise InvalidStatus(exc) from exc
         self.st = self.prev.model_copy(deep=True)
         self.conds: list[dict[str, Any]] = [c.to_json() for c in self.st.conditions]
         self.actions: list[Action] = []
@@ -1113,7 +1129,8 @@ class _Planner:
 
 
 def plan(observed: Observed, now: datetime) -> Plan:
-    """The actions that move the job toward its spec, and its new status. Same inputs, same plan."""
+    """The actions that move the job toward its spec, and its new status. Same inputs, same plan.
+    Raises InvalidStatus (and plans nothing) when the job's status cannot be read."""
     if now.tzinfo is None:
         raise ValueError("plan() needs an aware datetime (datetime.now(timezone.utc))")
     return _Planner(observed, now).run()

@@ -244,6 +244,27 @@ def test_a_node_missing_from_the_index_is_gone_only_after_its_deletion_was_seen(
     assert pods_created(gone) == ["tj-worker-3"]
 
 
+def _counted_status() -> dict:
+    return dict(_healthy_status(), failures=2, restarts=1, preemptions=3)
+
+
+def test_unknown_status_fields_from_a_newer_operator_keep_counters_and_pods():
+    base = plan(running_observed(job(status=_counted_status())), NOW)
+    p = plan(running_observed(job(status=dict(_counted_status(), newerField={"x": 1}))), NOW)
+    assert p == base
+    assert (p.status["failures"], p.status["restarts"], p.status["preemptions"]) == (2, 1, 3)
+    assert p.status["nextPodIndex"] == 3
+    assert [a for a in p.actions if isinstance(a, Delete)] == []
+
+
+def test_an_unreadable_status_plans_nothing_and_says_which_field():
+    with pytest.raises(
+        planner.InvalidStatus,
+        match=r"status\.failures: .*nothing is changed|nothing is changed.*status\.failures",
+    ):
+        plan(running_observed(job(status=dict(_counted_status(), failures="many"))), NOW)
+
+
 def test_a_known_pod_that_vanished_counts_as_a_preemption():
     status = {
         "knownPods": ["tj-coordinator-0", "tj-worker-1", "tj-worker-2"],
