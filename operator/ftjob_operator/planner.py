@@ -753,12 +753,14 @@ class _Planner:
             error = self.trainer_error(None)
             return self.fail_or_restart(error) if error else False
         coordinator_lost_at = parse_time(self.st.coordinator_lost_at)
+        # Before the loop: losses go by pod index, and a replaced coordinator's index is above the workers', yet
+        # workers lost in the same pass are its collateral either way.
+        if any(loss.role == render.ROLE_COORDINATOR for loss in losses):
+            self.st.coordinator_lost_at = self.now_s
+            coordinator_lost_at = self.now
         failure: Loss | None = None
         for loss in losses:
             self.st.retired_pods.append(loss.pod)
-            if loss.role == render.ROLE_COORDINATOR:
-                self.st.coordinator_lost_at = self.now_s
-                coordinator_lost_at = self.now
             if loss.preemption:
                 self.st.preemptions += 1
                 self.st.last_preemption_time = self.now_s

@@ -432,6 +432,18 @@ def test_a_crashed_coordinator_is_recreated_after_backoff_and_its_collateral_wor
     assert (store.status["failures"], store.status["restarts"]) == (1, 0)
 
 
+@pytest.mark.parametrize("coordinator_index", [0, 3], ids=["first coordinator", "replaced coordinator"])
+def test_a_coordinator_and_a_worker_failing_in_one_pass_blame_the_coordinator(coordinator_index):
+    workers = [i for i in range(4) if i != coordinator_index][:2]
+    pods = [pod("coordinator", coordinator_index, exit_code=1)]
+    pods += [pod("worker", workers[0], exit_code=1), pod("worker", workers[1])]
+    status = {"knownPods": sorted(planner.pod_name(p) for p in pods), "nextPodIndex": 4, "startTime": "x"}
+    p = plan(running_observed(job(status=status), pods=pods), NOW)
+    assert (p.status["failures"], p.status["restartGeneration"], p.status["restarts"]) == (1, 0, 0)
+    assert p.status["lastFailure"]["pod"] == f"tj-coordinator-{coordinator_index}"
+    assert "LostWithCoordinator" in reasons(p)
+
+
 def test_a_preempted_coordinator_counts_as_a_preemption():
     store = started()
     store.preempt("tj-coordinator-0")
