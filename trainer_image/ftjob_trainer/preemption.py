@@ -61,6 +61,9 @@ def agree(stop: bool, request_id: int, deficit: float) -> Agreement:
     return Agreement(bool(t[0] > 0), int(t[1]), float(t[2]))
 
 
+FINAL_FLUSH_SECONDS = 1.0  # close(): the most it spends on the last progress post
+
+
 class CoordinatorClient:
     """Rank 0 only. A daemon thread polls GET /v1/progress (for checkpoint requests) and posts the newest
     progress; the training loop never waits on the network."""
@@ -76,7 +79,7 @@ class CoordinatorClient:
         self._thread = threading.Thread(target=self._run, name="ftjob-coordinator-poll", daemon=True)
         self._thread.start()
 
-    def _call(self, method: str, route: str, body: dict | None = None) -> dict:
+    def _call(self, method: str, route: str, body: dict | None = None, timeout: float = 5.0) -> dict:
         req = urllib.request.Request(self.url + route, method=method)
         if self.token:
             req.add_header(contract.AUTH_HEADER, f"Bearer {self.token}")
@@ -84,14 +87,13 @@ class CoordinatorClient:
         if body is not None:
             data = json.dumps(body).encode()
             req.add_header("Content-Type", "application/json")
-        with urllib.request.urlopen(req, data=data, timeout=5) as resp:
+        with urllib.request.urlopen(req, data=data, timeout=timeout) as resp:
             return json.loads(resp.read() or b"{}")
 
     def _run(self) -> None:
         while not self._stop.is_set():
             self._tick()
             self._stop.wait(self.interval)
-        self._tick()  # flush the last progress
 
     def _tick(self) -> None:
         try:
@@ -120,8 +122,19 @@ class CoordinatorClient:
             self._pending = {**(self._pending or {}), **fields}
 
     def close(self) -> None:
+        """Stop polling and post the last progress (the stop step's lastCheckpoint), within about
+        FINAL_FLUSH_SECONDS: after a stop save the operator leaves only max(2, grace//20) s before torchrun's
+        SIGKILL, and the termination message carries the checkpoint anyway."""
         self._stop.set()
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=FINAL_FLUSH_SECONDS / 2)  # a poll in progress: usually milliseconds
+        with self._lock:
+            body, self._pending = self._pending, None
+        if body is None:
+            return
+        try:
+            self._call("POST", contract.ROUTE_PROGRESS, body, timeout=FINAL_FLUSH_SECONDS / 2)
+        except (OSError, ValueError) as e:
+            log.warning("last progress not posted to the coordinator %s (%s: %s)", self.url, type(e).__name__, e)
 
 
 ERROR_REPORT_TIMEOUT = 3.0  # seconds: a coordinator that does not answer must not delay the exit much
