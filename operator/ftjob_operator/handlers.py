@@ -324,7 +324,11 @@ async def apply(
             logger.info("%s %s %s", "created" if created else "already exists:", action.kind, action.name)
         elif isinstance(action, planner.Delete):
             gone = not await rt.kube.delete(
-                namespace, action.kind, action.name, grace_period_seconds=action.grace_period_seconds
+                namespace,
+                action.kind,
+                action.name,
+                grace_period_seconds=action.grace_period_seconds,
+                uid=action.uid,
             )
             logger.info(
                 "deleted %s %s%s%s",

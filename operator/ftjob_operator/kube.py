@@ -230,8 +230,10 @@ class Kube:
         *,
         grace_period_seconds: int | None = None,
         propagation: str = "Background",
+        uid: str | None = None,
     ) -> bool:
-        """True when the delete was accepted, False when the object was already gone."""
+        """True when the delete was accepted, False when the object was already gone (or, with `uid`, when the
+        name now belongs to another object: the API server's precondition makes that a 409 Conflict)."""
         if kind not in _COLLECTIONS:
             raise kopf.PermanentError(
                 f"the operator cannot delete a {kind!r}; known kinds: {sorted(_COLLECTIONS)}"
@@ -240,11 +242,12 @@ class Kube:
         if grace_period_seconds is not None:
             query.append(("gracePeriodSeconds", grace_period_seconds))
         path = _COLLECTIONS[kind].format(namespace=namespace) + f"/{name}"
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}} if uid else None
         try:
-            await self.request("DELETE", path, f"delete {kind} {namespace}/{name}", query=query)
+            await self.request("DELETE", path, f"delete {kind} {namespace}/{name}", query=query, body=body)
             return True
         except ApiFailure as exc:
-            if exc.status == 404:
+            if exc.status == 404 or (uid and exc.status == 409):
                 return False
             raise classify(exc) from exc
 

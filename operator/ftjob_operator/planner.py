@@ -124,6 +124,7 @@ class Delete:
     kind: str  # Pod | TrainingJob
     name: str
     grace_period_seconds: int | None = None  # None: the object's own; 0 for pods on a node that is gone
+    uid: str | None = None  # a precondition: delete only this object, never a recreated one of the same name
 
 
 @dataclass(frozen=True)
@@ -553,7 +554,7 @@ class _Planner:
         if ttl is not None and done_at is not None:
             expires = done_at + timedelta(seconds=ttl)
             if self.now >= expires:
-                self.actions.append(Delete(api.KIND, self.ref.name))
+                self.actions.append(Delete(api.KIND, self.ref.name, uid=self.ref.uid or None))
                 self.event(cond.NORMAL, cond.REASON_TTL_EXPIRED, f"deleted {ttl}s after it finished")
             else:
                 self.requeue_in((expires - self.now).total_seconds())

@@ -124,6 +124,24 @@ def test_delete_with_grace_then_again_is_done_and_pods_list_by_label(kubeconfig)
 
 @pytest.mark.slow
 @needs_apiserver
+def test_delete_with_a_uid_precondition_spares_a_recreated_object(kubeconfig):
+    async def go(kube: Kube):
+        await kube.create(NS, _secret("tok-uid"))
+        old_uid = (await kube.request("GET", f"/api/v1/namespaces/{NS}/secrets/tok-uid", "get"))["metadata"][
+            "uid"
+        ]
+        assert await kube.delete(NS, "Secret", "tok-uid", uid=old_uid)
+        await kube.create(NS, _secret("tok-uid", "new"))  # same name, another object
+        spared = await kube.delete(NS, "Secret", "tok-uid", uid=old_uid)
+        return spared, await kube.get_secret(NS, "tok-uid", "token")
+
+    spared, secret = run(_with_kube(kubeconfig, go))
+    assert spared is False
+    assert secret.exists and secret.token == "new"
+
+
+@pytest.mark.slow
+@needs_apiserver
 def test_status_merge_patch_sets_and_removes_fields_and_leaves_the_spec(kubeconfig):
     job = {
         "apiVersion": "ftjob.dev/v1alpha1",

@@ -480,7 +480,7 @@ def test_ttl_deletes_the_job_after_it_finished():
     early = plan(store.observe(), at(10))
     assert not [a for a in early.of(Delete) if a.kind == "TrainingJob"] and early.requeue_after == 20
     late = plan(store.observe(), at(30))
-    assert Delete("TrainingJob", "tj") in late.actions
+    assert Delete("TrainingJob", "tj", uid=UID) in late.actions  # never a recreated job of the same name
 
 
 # --- suspend ---------------------------------------------------------------------------------------------------
@@ -700,6 +700,8 @@ def test_operator_restart_mid_scenario_creates_no_duplicates_and_loses_no_counte
         alive = [n for n, p in store.pods.items() if not p["metadata"].get("deletionTimestamp")]
         assert len(store.names("coordinator")) <= 1, alive
         assert len(store.names("worker")) == len(reference.names("worker")), (alive, sorted(reference.pods))
+        # Pods made in all: a crash must not make a pod the uncrashed run did not (a 409 counts nothing).
+        assert store.creates == reference.creates, f"crash at pass {crash_at}: {store.creates} pods created"
 
 
 # --- conditions and status patches -----------------------------------------------------------------------------
