@@ -73,8 +73,21 @@ def _garble_metadata(path: Path) -> Path:
     return path / ".metadata"
 
 
+def _garble_rank1_rng(path: Path) -> Path:
+    # passes validate() (present, not empty) and fails on rank 1 only: the ranks must still fall back together
+    (path / "rng-rank1.pt").write_bytes(b"not a torch file")
+    return path / "rng-rank1.pt"
+
+
+def _drop_rank1_rng(path: Path) -> Path:
+    (path / "rng-rank1.pt").unlink()
+    return path / "rng-rank0.pt"
+
+
 @pytest.mark.parametrize(
-    "corrupt", [_truncate_a_shard, _garble_metadata], ids=["truncated-shard", "bad-metadata"]
+    "corrupt",
+    [_truncate_a_shard, _garble_metadata, _garble_rank1_rng, _drop_rank1_rng],
+    ids=["truncated-shard", "bad-metadata", "rank1-rng-garbled", "rank1-rng-missing"],
 )
 def test_corrupted_newest_is_skipped_kept_as_evidence_and_retention_survives_restart(
     procs, tmp_path, corrupt

@@ -94,6 +94,10 @@ def validate(path: str) -> dict[str, Any]:
             raise CorruptCheckpoint(
                 f"{path}: shard {rel} is truncated ({os.path.getsize(f)} < {length} bytes)"
             )
+    for r in range(int(meta.get("world_size") or 1)):  # each rank's RNG state, read by _restore_rng
+        f = os.path.join(path, f"rng-rank{r}.pt")
+        if not os.path.isfile(f) or os.path.getsize(f) == 0:
+            raise CorruptCheckpoint(f"{path}: rng-rank{r}.pt is missing or empty")
     return meta
 
 
@@ -468,46 +472,69 @@ class Checkpointer:
             return None
         failures = []
         for step, path in list_committed(self.root):
+            # Every rank must take the same branch: agree on the outcome after the checks and after the load,
+            # or one failing rank would wait in a barrier while the others train on (a hang).
+            error = None
             try:
                 meta = validate(path)
-                with params_on_device(self.engine):
-                    state = self._state()
-                    dcp.load(state, storage_reader=FileSystemReader(path), process_group=self.pg)
-                    set_state_dict(
-                        self.engine.model,
-                        self.engine.optimizer,
-                        model_state_dict=state[MODEL_KEY],
-                        optim_state_dict=state[OPTIM_KEY],
-                    )
-                if "scheduler" in meta:
-                    self.engine.scheduler.load_state_dict(meta["scheduler"])
-                self._restore_rng(path)
             except Exception as e:  # noqa: BLE001 - any failure means: try the previous one
-                failures.append(path)
-                log.error(
-                    "CHECKPOINT LOAD FAILED: %s (%s: %s); falling back to the previous committed checkpoint. "
-                    "The directory is kept for inspection as %s*",
-                    path,
-                    type(e).__name__,
-                    e,
-                    FAILED_PREFIX,
-                )
-                self._barrier()
-                if self.rank == 0:
-                    aside = os.path.join(self.root, f"{FAILED_PREFIX}{step:09d}-{int(time.time())}")
-                    os.rename(path, aside)
-                self._barrier()
-                continue
-            self.last_committed = (step, path)
-            self.save_seconds = meta.get("save_seconds")
-            log.info("resumed from %s (step %d, saved at world size %s)", path, step, meta.get("world_size"))
-            return Loaded(step, path, meta)
+                error = e
+            if self._all_ok(error is None):
+                try:
+                    self._load(path, meta)
+                except Exception as e:  # noqa: BLE001
+                    error = e
+                if self._all_ok(error is None):
+                    self.last_committed = (step, path)
+                    self.save_seconds = meta.get("save_seconds")
+                    log.info(
+                        "resumed from %s (step %d, saved at world size %s)",
+                        path,
+                        step,
+                        meta.get("world_size"),
+                    )
+                    return Loaded(step, path, meta)
+            failures.append(path)
+            log.error(
+                "CHECKPOINT LOAD FAILED: %s (%s); falling back to the previous committed checkpoint. "
+                "The directory is kept for inspection as %s*",
+                path,
+                f"{type(error).__name__}: {error}" if error else "it failed on another rank",
+                FAILED_PREFIX,
+            )
+            self._barrier()
+            if self.rank == 0:
+                aside = os.path.join(self.root, f"{FAILED_PREFIX}{step:09d}-{int(time.time())}")
+                os.rename(path, aside)
+            self._barrier()
         if failures:
             raise NothingLoadable(
                 f"none of the committed checkpoints under {self.root} could be loaded (set aside: {failures}); "
                 "refusing to start fresh over them. Inspect or move them away to start over."
             )
         return None
+
+    def _all_ok(self, ok: bool) -> bool:
+        """Collective: True only if every rank's ok is True."""
+        if self.pg is None:
+            return ok
+        t = torch.tensor([0 if ok else 1], dtype=torch.int32)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.pg)
+        return int(t) == 0
+
+    def _load(self, path: str, meta: dict) -> None:
+        with params_on_device(self.engine):
+            state = self._state()
+            dcp.load(state, storage_reader=FileSystemReader(path), process_group=self.pg)
+            set_state_dict(
+                self.engine.model,
+                self.engine.optimizer,
+                model_state_dict=state[MODEL_KEY],
+                optim_state_dict=state[OPTIM_KEY],
+            )
+        if "scheduler" in meta:
+            self.engine.scheduler.load_state_dict(meta["scheduler"])
+        self._restore_rng(path)
 
     def _restore_rng(self, path: str) -> None:
         own = os.path.join(path, f"rng-rank{self.rank}.pt")

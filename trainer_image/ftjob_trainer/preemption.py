@@ -134,7 +134,9 @@ class CoordinatorClient:
         try:
             self._call("POST", contract.ROUTE_PROGRESS, body, timeout=FINAL_FLUSH_SECONDS / 2)
         except (OSError, ValueError) as e:
-            log.warning("last progress not posted to the coordinator %s (%s: %s)", self.url, type(e).__name__, e)
+            log.warning(
+                "last progress not posted to the coordinator %s (%s: %s)", self.url, type(e).__name__, e
+            )
 
 
 ERROR_REPORT_TIMEOUT = 3.0  # seconds: a coordinator that does not answer must not delay the exit much
