@@ -91,13 +91,8 @@ def _operator(args: argparse.Namespace) -> int:
     if args.metrics_port < 0 or args.metrics_port > 65535:
         print(f"ftjob operator: --metrics-port must be 0..65535 (got {args.metrics_port})", file=sys.stderr)
         return 2
-    try:
-        handlers = importlib.import_module("ftjob_operator.handlers")
-    except ModuleNotFoundError as exc:
-        if exc.name == "ftjob_operator.handlers":
-            print("ftjob operator: ftjob_operator.handlers is not part of this build yet", file=sys.stderr)
-            return 1
-        raise
+    # Imported here: kopf and the handlers are not needed by `ftjob crd` and the other subcommands.
+    handlers = importlib.import_module("ftjob_operator.handlers")
     result = handlers.run(
         namespaces=args.namespaces or [],
         kubeconfig=args.kubeconfig,

@@ -77,6 +77,12 @@ class Runtime:
         if event is not None:
             event.set()
 
+    def forget(self, namespace: str, name: str) -> None:
+        """Everything kept per job, dropped when its daemon stops."""
+        self.metrics.forget(namespace, name)
+        for per_job in (self.written, self.wakers, self.notices):
+            per_job.pop((namespace, name), None)
+
     def wake_all(self) -> None:
         for event in self.wakers.values():
             event.set()
@@ -210,9 +216,7 @@ async def keep_training_job_converged(
             break  # the job is gone (or replaced by a new one of the same name)
         await _sleep_until_woken(wake, stopped, timeout)
     # Stopped: the job was deleted, the operator exits, or peering paused it; its figures are no longer ours.
-    rt.metrics.forget(namespace, name)
-    rt.written.pop((namespace, name), None)
-    rt.wakers.pop((namespace, name), None)
+    rt.forget(namespace, name)
 
 
 async def _sleep_until_woken(wake: asyncio.Event, stopped: kopf.DaemonStopped, timeout: float) -> None:
@@ -257,7 +261,7 @@ async def observe(
     namespace, name, uid = meta.get("namespace") or "default", meta["name"], meta.get("uid")
     pods = await rt.kube.list_pods(namespace, f"{render.LABEL_JOB_NAME}={name}")
     # Pods of an earlier job with the same name (still being garbage-collected) are not this job's.
-    pods = [p for p in pods if any(o.get("uid") == uid for o in (p["metadata"].get("ownerReferences") or []))]
+    pods = [p for p in pods if planner.owned_by(p, uid)]
     known_nodes = node_view(nodes, pods, rt.deleted_nodes)
     service = await rt.kube.get_service(namespace, render.service_name(name))
     secret = await rt.kube.get_secret(namespace, render.secret_name(name), render.TOKEN_KEY)
@@ -417,12 +421,6 @@ def run(
     # Peers of equal priority would all stay active (kopf only warns); a random priority per replica makes one
     # active and the others standby until its keep-alives stop.
     priority = secrets.randbelow(2**30) + 1 if peering else None
-    if kubeconfig and not os.path.exists(kubeconfig):
-        print(
-            f"ftjob operator: --kubeconfig {kubeconfig} does not exist; pass an existing file",
-            file=sys.stderr,
-        )
-        return 2
     try:
         kopf.run(
             clusterwide=not namespaces,

@@ -199,10 +199,9 @@ class Kube:
         doc = await self._get_or_none(path, f"get Secret {namespace}/{name}")
         if doc is None:
             return Secret(exists=False)
+        # The API server turns stringData into data on write; a read never carries stringData.
         encoded = (doc.get("data") or {}).get(key)
-        if encoded:
-            return Secret(True, base64.b64decode(encoded).decode())
-        return Secret(True, (doc.get("stringData") or {}).get(key, ""))
+        return Secret(True, base64.b64decode(encoded).decode() if encoded else "")
 
     # --- writes ---------------------------------------------------------------------------------------------------
     async def create(self, namespace: str, manifest: dict[str, Any]) -> bool:

@@ -2,8 +2,8 @@
 
 Written like JobSet's reconcile: ordered steps with early returns, one function per policy (finished/TTL, invalid
 spec, suspend, success, lost pods = preemption or failure, backoff, checkpoint requests, children). The handlers
-gather an `Observed`, call `plan`, write `Plan.status` (the whole status, see `status_patch`), then apply the
-actions in order, then emit the events.
+gather an `Observed`, call `plan`, write `Plan.status` (the whole status, see `status_patch`), then emit the
+events, then apply the actions in order.
 
 The handler's side, in order:
 1. Observe: the job; every pod labelled ftjob.dev/job-name=<job> (all restart generations, fresh from the API
@@ -12,9 +12,10 @@ The handler's side, in order:
    whether the Secret `<job>-token` exists; the coordinator's GET /v1/progress when it answers; a fresh random
    token (used only if the Secret must be created).
 2. Write `Plan.status` to the status subresource (`status_patch(old, new)` gives a merge patch that also
-   removes keys), then apply the Create/Delete/RequestCheckpoint actions in order (Create: 409 means done;
-   Delete: 404 means done; RequestCheckpoint: POST /v1/checkpoint on http://<clusterIP>:29401 with the bearer
-   token, best effort), then emit the Events.
+   removes keys); only after that succeeds emit the Events (so each transition is announced once), then apply
+   the Create/Delete/RequestCheckpoint actions in order (Create: 409 means done; Delete: 404 means done, and with
+   `uid` a 409 too; RequestCheckpoint: POST /v1/checkpoint on http://<clusterIP>:29401 with the bearer token,
+   best effort).
 3. Re-run after `requeue_after` seconds when it is set, and on a timer anyway to poll progress.
 
 Idempotency (an operator restart at any instant creates no duplicates and loses no counter):
@@ -177,6 +178,13 @@ def _labels(obj: dict[str, Any]) -> dict[str, str]:
 
 def pod_name(pod: dict[str, Any]) -> str:
     return pod["metadata"]["name"]
+
+
+def owned_by(pod: dict[str, Any], uid: str | None) -> bool:
+    """The one ownership rule: a pod is the job's only if an ownerReference names the job's uid. Labels alone are
+    not enough: an orphaned pod (cascade=orphan) or a pod of an earlier job of the same name carries them too."""
+    owners = (pod.get("metadata") or {}).get("ownerReferences") or []
+    return bool(uid) and any(o.get("uid") == uid for o in owners)
 
 
 def pod_role(pod: dict[str, Any]) -> str:
@@ -475,14 +483,10 @@ class _Planner:
         return Plan(tuple(self.actions) + tuple(self.events), self.st.to_json(), self.requeue)
 
     # -- children of the job, sorted out once
-    def owned(self, pod: dict[str, Any]) -> bool:
-        """A pod another object owns is not ours even if it carries our labels."""
-        owners = (pod.get("metadata") or {}).get("ownerReferences") or []
-        return not owners or not self.ref.uid or any(o.get("uid") == self.ref.uid for o in owners)
-
     def sort_pods(self) -> None:
         gen = self.prev.restart_generation
-        pods = sorted(filter(self.owned, self.o.pods), key=lambda p: (pod_index(p), pod_name(p)))
+        owned = [p for p in self.o.pods if owned_by(p, self.ref.uid)]
+        pods = sorted(owned, key=lambda p: (pod_index(p), pod_name(p)))
         self.by_name = {pod_name(p): p for p in pods}
         self.current = [p for p in pods if pod_generation(p) == gen]
         self.old = [p for p in pods if pod_generation(p) != gen]

@@ -141,11 +141,9 @@ def test_an_edited_pod_template_restarts_the_pods_without_counting_a_failure(edi
         assert condition(store.status, "Restarting")["status"] == "False"
 
 
-def test_pods_owned_by_something_else_are_left_alone():
-    stranger = pod("worker", 7, generation=5)
-    stranger["metadata"]["ownerReferences"] = [
-        {"uid": "someone-else", "kind": "Job", "name": "x", "apiVersion": "batch/v1"}
-    ]
+@pytest.mark.parametrize("owner", ["someone-else", None], ids=["owned by another object", "no owner"])
+def test_pods_not_owned_by_the_job_are_left_alone(owner):
+    stranger = pod("worker", 7, generation=5, owner_uid=owner)
     obs = running_observed(job(status={"knownPods": [], "nextPodIndex": 3, "startTime": "x"}))
     with_stranger = plan(Observed(**dict(obs.__dict__, pods=obs.pods + [stranger])), NOW)
     assert with_stranger == plan(obs, NOW)  # not deleted as an old generation, not counted, not a name source

@@ -72,6 +72,7 @@ def pod(
     disruption: str | None = None,
     status_reason: str | None = None,
     waiting: str | None = None,
+    owner_uid: str | None = UID,
 ) -> dict[str, Any]:
     name = (
         render.worker_name(job_name, index) if role == "worker" else render.coordinator_name(job_name, index)
@@ -81,6 +82,10 @@ def pod(
         "namespace": "ns",
         "labels": render.pod_labels(job_name, role, generation, index),
     }
+    if owner_uid is not None:
+        meta["ownerReferences"] = [
+            {"apiVersion": "ftjob.dev/v1alpha1", "kind": "TrainingJob", "name": job_name, "uid": owner_uid}
+        ]
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T11:59:59Z"
         meta["deletionGracePeriodSeconds"] = 30
