@@ -22,7 +22,6 @@ RELEASE, NS = "ftjob", "ftjob-system"
 
 @pytest.fixture(scope="module")
 def kube_env(tmp_path_factory):
-    pytest.importorskip("ftjob_local.cli", reason="the local cluster (ftjob_local) is not installed here")
     state = tmp_path_factory.mktemp("local-cluster")
     ftjob = [sys.executable, "-m", "ftjob_operator.cli", "local"]
     up = subprocess.run(

@@ -17,7 +17,6 @@ the operator's requests and takes seconds per job.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import re
@@ -37,11 +36,6 @@ from chart_helpers import CHART, ROOT, set_args, tool
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(300),
-    pytest.mark.skipif(
-        importlib.util.find_spec("ftjob_local.apiserver.__main__") is None
-        or importlib.util.find_spec("ftjob_operator.handlers") is None,
-        reason="the local cluster (ftjob_local) or the operator's handlers are not in this build",
-    ),
 ]
 
 from ftjob_local.cluster import LocalCluster, free_port  # noqa: E402

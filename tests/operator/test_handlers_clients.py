@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import subprocess
 import sys
@@ -25,11 +24,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[2]
 NS = "default"
-
-needs_apiserver = pytest.mark.skipif(
-    importlib.util.find_spec("ftjob_local.apiserver") is None,
-    reason="the local API server is not in this build",
-)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +64,6 @@ def _secret(name: str, token: str = "t0k3n") -> dict:
 
 # --- kube.Kube -----------------------------------------------------------------------------------------------
 @pytest.mark.slow
-@needs_apiserver
 def test_create_twice_is_done_and_the_secret_token_reads_back(kubeconfig):
     async def go(kube: Kube):
         first = await kube.create(NS, _secret("tok-a"))
@@ -89,7 +82,6 @@ def test_create_twice_is_done_and_the_secret_token_reads_back(kubeconfig):
 
 
 @pytest.mark.slow
-@needs_apiserver
 def test_an_invalid_object_is_a_permanent_error_naming_the_object(kubeconfig):
     bad_pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bad"}, "spec": {"containers": []}}
 
@@ -101,7 +93,6 @@ def test_an_invalid_object_is_a_permanent_error_naming_the_object(kubeconfig):
 
 
 @pytest.mark.slow
-@needs_apiserver
 def test_delete_with_grace_then_again_is_done_and_pods_list_by_label(kubeconfig):
     pod = {
         "apiVersion": "v1",
@@ -123,7 +114,6 @@ def test_delete_with_grace_then_again_is_done_and_pods_list_by_label(kubeconfig)
 
 
 @pytest.mark.slow
-@needs_apiserver
 def test_delete_with_a_uid_precondition_spares_a_recreated_object(kubeconfig):
     async def go(kube: Kube):
         await kube.create(NS, _secret("tok-uid"))
@@ -141,7 +131,6 @@ def test_delete_with_a_uid_precondition_spares_a_recreated_object(kubeconfig):
 
 
 @pytest.mark.slow
-@needs_apiserver
 def test_status_merge_patch_sets_and_removes_fields_and_leaves_the_spec(kubeconfig):
     job = {
         "apiVersion": "ftjob.dev/v1alpha1",

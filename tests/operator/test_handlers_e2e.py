@@ -8,7 +8,6 @@ polls a condition with a timeout and prints the job, its pods and the operator's
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -27,10 +26,6 @@ from prometheus_client.parser import text_string_to_metric_families
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(300),
-    pytest.mark.skipif(
-        importlib.util.find_spec("ftjob_local.apiserver.__main__") is None,
-        reason="the local cluster (ftjob_local) is not in this build",
-    ),
 ]
 
 from ftjob_local.cluster import LocalCluster, free_port  # noqa: E402

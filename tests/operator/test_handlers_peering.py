@@ -5,7 +5,6 @@ keep it alive with distinct priorities, one works and the other stands by, and t
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 
 import pytest
@@ -13,10 +12,6 @@ import pytest
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(240),
-    pytest.mark.skipif(
-        importlib.util.find_spec("ftjob_local.apiserver.__main__") is None,
-        reason="the local cluster (ftjob_local) is not in this build",
-    ),
 ]
 
 from ftjob_local.cluster import LocalCluster  # noqa: E402

@@ -27,7 +27,6 @@ KUBECTL = shutil.which("kubectl", path=str(Path(sys.executable).parent)) or shut
 def kube(tmp_path):
     if KUBECTL is None:
         pytest.fail("kubectl is missing: run ./dev setup (it puts kubectl into .venv/bin)")
-    pytest.importorskip("ftjob_local.apiserver", reason="the local API server is not in this checkout")
     state = tmp_path / "state"
     log = open(tmp_path / "apiserver.log", "w")
     proc = subprocess.Popen(

@@ -6,20 +6,13 @@ One local cluster (API server + node agent, no operator) for the module.
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 
 import pytest
 from ftjob_operator import api, render
 from tj_builders import UID, job
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        importlib.util.find_spec("ftjob_local.cluster") is None,
-        reason="the local cluster is not in this build",
-    ),
-]
+pytestmark = [pytest.mark.slow]
 NS = "default"
 
 

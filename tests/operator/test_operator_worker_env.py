@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import pytest
 from ftjob_operator import api, render
+from ftjob_trainer import config
 from tj_builders import UID, job
-
-config = pytest.importorskip(
-    "ftjob_trainer.config", reason="the trainer's config module is not in this checkout"
-)
 
 REF = render.JobRef(name="tj", namespace="ns", uid=UID)
 
