@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 from datetime import timedelta
 
 import pytest
@@ -40,10 +41,16 @@ def test_token_is_required_and_the_api_answers(procs):
         and doc["checkpointRequest"] is None
         and doc["handledRequestId"] == 0
     )
-    assert http("POST", base + "/v1/checkpoint", TOKEN, {"reason": "before upgrade"}) == (200, {"id": 1})
-    assert http("POST", base + "/v1/checkpoint", TOKEN, {}) == (200, {"id": 2})
-    code, doc = http("POST", base + "/v1/progress", TOKEN, {"step": 7, "loss": 2.5, "handledRequestId": 1})
-    assert code == 200 and doc["step"] == 7 and doc["checkpointRequest"] == {"id": 2, "reason": "requested"}
+    before_ms = time.time_ns() // 1_000_000
+    code, first = http("POST", base + "/v1/checkpoint", TOKEN, {"reason": "before upgrade"})
+    assert code == 200 and first["id"] >= before_ms  # ms since the epoch: above any earlier coordinator's ids
+    code, second = http("POST", base + "/v1/checkpoint", TOKEN, {})
+    assert code == 200 and second["id"] > first["id"]
+    code, doc = http(
+        "POST", base + "/v1/progress", TOKEN, {"step": 7, "loss": 2.5, "handledRequestId": first["id"]}
+    )
+    assert code == 200 and doc["step"] == 7
+    assert doc["checkpointRequest"] == {"id": second["id"], "reason": "requested"}
     code, doc = http("POST", base + "/v1/progress", TOKEN, {"step": "seven"})
     assert code == 400 and "step" in doc["error"]
     code, doc = http("POST", base + "/v1/progress", TOKEN, {"stepp": 1})
@@ -103,14 +110,15 @@ def test_checkpoint_request_saves_on_all_ranks_and_training_continues(procs, tmp
         },
     )
     wait_for(lambda: report_step(report) >= 3, timeout=120, proc=p, what="step 3")
-    assert http("POST", base + "/v1/checkpoint", TOKEN, {"reason": "test"}) == (200, {"id": 1})
+    code, req = http("POST", base + "/v1/checkpoint", TOKEN, {"reason": "test"})
+    assert code == 200
     saved = wait_for(lambda: list_steps(ckpt), timeout=60, proc=p, what="the requested checkpoint")
     assert finish(p) == 0, log_of(p)[-3000:]  # a request saves and goes on; only signals stop
     doc = read_json(report)
     assert doc["step"] == 80 and doc["preemption_saves"] == 0
     assert saved[0] < 80 and list_steps(ckpt) == [saved[0], 80]  # the request's save and the final one
     code, progress = http("GET", base + "/v1/progress", TOKEN)
-    assert progress["handledRequestId"] == 1 and progress["step"] == 80 and progress["worldSize"] == 2
+    assert progress["handledRequestId"] == req["id"] and progress["step"] == 80 and progress["worldSize"] == 2
     assert progress["lastCheckpoint"]["step"] == 80 and progress["loss"] == pytest.approx(doc["loss"])
 
 

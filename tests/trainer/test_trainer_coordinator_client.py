@@ -69,3 +69,21 @@ def test_close_is_bounded_when_the_coordinator_does_not_answer():
     finally:
         sock.close()
     assert took < FINAL_FLUSH_SECONDS + 0.5, f"close() took {took:.2f}s"
+
+
+def test_a_recreated_coordinators_request_ids_stay_above_the_old_ones():
+    from ftjob_trainer.coordinator import State
+    from ftjob_trainer.preemption import agree
+
+    old = State(clock_ids=True)
+    handled = [old.request_checkpoint("a"), old.request_checkpoint("b")]
+    assert handled[1] > handled[0]
+    # a recreation takes seconds, far more than the ms the ids can run ahead of the clock; wait for the clock
+    # to pass the last id so the test is as strict as that
+    deadline = time.monotonic() + 5
+    while time.time_ns() // 1_000_000 <= max(handled) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    new = State(clock_ids=True)  # the coordinator pod was recreated: nothing of the old state survives
+    rid = new.request_checkpoint("after the restart")
+    assert rid > max(handled), "the trainer ignores request ids at or below the newest it handled"
+    assert agree(False, rid, 0.0).request_id == rid  # the id survives the float64 all-reduce exactly

@@ -51,7 +51,12 @@ ERROR_FIELDS = {
 class State:
     """Progress and checkpoint requests, in memory (the operator keeps what must survive in the job's status)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock_ids: bool = False) -> None:
+        # clock_ids: checkpoint request ids are milliseconds since the epoch (like error ids), so a recreated
+        # coordinator's requests stay above the ones a running trainer already handled (it ignores ids at or below
+        # the newest it saw). The coordinator process always uses them; plain counting (1, 2, ...) is for an
+        # in-process State that lives exactly as long as its one consumer.
+        self.clock_ids = clock_ids
         self.lock = threading.Lock()
         self.progress: dict[str, Any] = {
             "step": None,
@@ -90,7 +95,8 @@ class State:
 
     def request_checkpoint(self, reason: str) -> int:
         with self.lock:
-            rid, self.next_id = self.next_id, self.next_id + 1
+            rid = max(self.next_id, time.time_ns() // 1_000_000) if self.clock_ids else self.next_id
+            self.next_id = rid + 1
             self.progress["checkpointRequest"] = {"id": rid, "reason": reason}
             return rid
 
@@ -215,7 +221,7 @@ class Coordinator:
         self.store = TCPStore(
             host, store_port, is_master=True, wait_for_workers=False, master_listen_fd=listen_fd
         )
-        self.state = State()
+        self.state = State(clock_ids=True)
         self.http = ThreadingHTTPServer((host, control_port), make_handler(self.state, token))
         self.http.daemon_threads = True
         self.thread = threading.Thread(target=self.http.serve_forever, name="ftjob-control-api", daemon=True)
