@@ -7,6 +7,8 @@ import copy
 import pytest
 from chart_helpers import HA_NAMESPACED, one, render
 from chart_pod_security import restricted_violations
+from ftjob_operator import api
+from ftjob_operator import render as trainer_render
 
 GOOD = {
     "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
@@ -108,3 +110,25 @@ def test_init_and_ephemeral_containers_are_checked_too():
     found = restricted_violations(spec)
     assert "initContainers[init].securityContext.allowPrivilegeEscalation must be false" in found
     assert "initContainers[init].securityContext.capabilities.drop must include ALL" in found
+
+
+def _trainer_pods(volume: dict) -> dict[str, dict]:
+    spec = api.parse_spec({"image": "x", "workers": {"min": 1, "max": 2}, "checkpoint": {"volume": volume}})
+    ref = trainer_render.JobRef(name="tj", namespace="ns", uid="0d5f3c1e-0000-4000-8000-000000000001")
+    return {
+        "coordinator": trainer_render.render_coordinator_pod(ref, spec, index=0, generation=0),
+        "worker": trainer_render.render_worker_pod(
+            ref, spec, index=1, generation=0, coordinator_ip="10.96.0.7"
+        ),
+    }
+
+
+def test_trainer_pods_the_operator_renders_pass_restricted():
+    for role, pod in _trainer_pods({"persistentVolumeClaim": {"claimName": "ck"}}).items():
+        assert restricted_violations(pod["spec"]) == [], role
+
+
+def test_a_host_path_checkpoint_volume_is_reported_as_not_restricted():
+    # hostPath is for the local cluster; the check must say so rather than pass it.
+    worker = _trainer_pods({"hostPath": {"path": "/tmp/ck"}})["worker"]
+    assert any("hostPath" in v for v in restricted_violations(worker["spec"]))
