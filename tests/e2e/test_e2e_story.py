@@ -27,6 +27,7 @@ from e2e_lib import (
 )
 from ftjob_local.cli import main as local_main
 from ftjob_local.demo import analyze, read_job_logs, read_json
+from ftjob_local.kubelet import kill_tree
 
 pytestmark = [pytest.mark.slow, needs_operator]
 BIN = Path(sys.executable).parent
@@ -57,7 +58,7 @@ def baseline(tmp_path_factory):
         yield result
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)  # the session we started: torchrun and its workers
+            kill_tree(proc.pid, signal.SIGKILL)  # torchrun, its session and its workers' own sessions
             proc.wait(timeout=30)
 
 

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ftjob_local.kubelet import kill_tree as kubelet_kill_tree
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -43,33 +44,10 @@ def read_json(path: Path) -> dict | None:
         return None
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below pid (from /proc): torchrun starts its workers in sessions of their own, so a
-    process-group kill of the agent would orphan them."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
 def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
-    """Signal pid and all its descendants at once (they are this test's processes, found by id)."""
-    for target in [*descendants(pid), pid]:
-        try:
-            os.kill(target, sig)
-        except ProcessLookupError:
-            pass
+    """Signal pid's process group and, for SIGKILL, every descendant: torchrun starts its workers in sessions of
+    their own, so a process-group kill of the agent alone would orphan them. The local kubelet's helper."""
+    kubelet_kill_tree(pid, sig)
 
 
 class Procs:
@@ -118,12 +96,7 @@ class Procs:
     def cleanup(self) -> None:
         for p in self.procs:
             if p.poll() is None:
-                try:
-                    os.killpg(
-                        p.pid, signal.SIGKILL
-                    )  # the session we created for it: this process and its workers
-                except ProcessLookupError:
-                    pass
+                kill_tree(p.pid)  # this process, its session and its workers' own sessions
                 p.wait(timeout=30)
 
 
