@@ -130,3 +130,6 @@ def test_nothing_loadable_refuses_to_start_fresh(procs, tmp_path):
     assert (
         term["exitCode"] == 1 and term["reason"] == "error" and "refusing to start fresh" in term["message"]
     )
+    report = read_json(tmp_path / "b.json")  # the report says how it ended, an error too
+    assert report["exit_code"] == 1 and report["reason"] == "error", report
+    assert "refusing to start fresh" in report["error"]

@@ -349,8 +349,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _report_error(cfg: TrainConfig | None, trainer: Trainer | None, code: int, message: str) -> None:
-    """Every rank that stops on a real error tells the coordinator: torchrun restarts it inside the pod (its budget
+    """Rank 0 writes the report's exit_code and reason. Every rank that stops on a real error tells the coordinator: torchrun restarts it inside the pod (its budget
     stays huge for exit 75), so the operator counts the failure from this report, not from the pod."""
+    if trainer is not None:  # the report says how the run ended, an error too
+        trainer.report.update(exit_code=code, reason=contract.REASON_ERROR, error=message)
+        if trainer.step is not None:
+            trainer.report["step"] = trainer.step
+        try:
+            trainer.write_report()
+        except OSError as e:
+            log.warning("could not write the report (%s)", e)
     url = cfg.preemption.coordinator_url if cfg else os.environ.get(contract.ENV_COORDINATOR_URL)
     rank = trainer.rank if trainer else int(os.environ.get("RANK", "0"))
     step = trainer.step if trainer else None
