@@ -958,14 +958,6 @@ class Kubelet:
             w.finished.wait(max(0.0, deadline - time.monotonic()))
 
 
-def disruption_message(node: str) -> str:
-    return f"Node {node} is being preempted (simulated spot interruption)"
-
-
-def pods_on(pods: list[Obj], node: str) -> list[Obj]:
-    return [p for p in pods if (p.get("spec") or {}).get("nodeName") == node]
-
-
 def pod_ready(pod: Obj) -> bool:
     c = condition(pod, "Ready")
     return bool(c and c.get("status") == "True")

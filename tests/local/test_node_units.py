@@ -122,3 +122,20 @@ def test_endpoints_select_ready_pods_and_named_ports():
             p("127.10.0.4", True, {"app": "b"}), p("127.10.0.5", True, {"app": "a"}, ns="other")]
     assert endpoints(svc, {"port": 80, "targetPort": "http"}, pods) == [("127.10.0.2", 8080)]
     assert endpoints(svc, {"port": 80}, pods) == [("127.10.0.2", 80)]
+
+
+def test_agent_state_keeps_the_newest_handled_preemption_requests(tmp_path):
+    import json
+    import uuid
+
+    from ftjob_local.node.agent import NodeAgent
+
+    # only the persistence half: no API server needed
+    agent = NodeAgent.__new__(NodeAgent)
+    agent.dir, agent.served, agent.next_index = tmp_path, {"local-spot-0"}, {"node": 1, "spot": 1}
+    agent.handled = {}
+    ids = [uuid.uuid4().hex for _ in range(250)]  # random ids: their sort order is not their age
+    for rid in ids:
+        agent.handled[rid] = None
+    agent._save_state()
+    assert json.loads((tmp_path / "state.json").read_text())["handled"] == ids[-200:]

@@ -58,7 +58,7 @@ ERROR_MESSAGE_MAX = 1024  # characters of an error message the coordinator keeps
 # --- Termination message (JSON written to the termination log before exit) -------------------------------------
 # {"step": int, "checkpoint": str | None, "reason": str, "exitCode": int, "message": str}
 REASON_PREEMPTED = "preempted"  # this process got SIGTERM (or another stop signal)
-REASON_PEER = "peer-stopped"  # another rank or the coordinator asked to stop; this one saved with it
+REASON_PEER = "peer-stopped"  # another rank was signalled; this one stopped (and saved) with it
 REASON_DEADLINE = "save-skipped-deadline"  # a save could not fit the deadline; the last committed one is kept
 REASON_DONE = "done"
 REASON_ERROR = "error"

@@ -48,7 +48,7 @@ class StopSignals:
 
 @dataclass
 class Agreement:
-    stop: bool  # some rank was signalled (or the coordinator asked everyone to stop)
+    stop: bool  # some rank was signalled (the coordinator only requests checkpoints; it cannot ask to stop)
     request_id: int  # newest coordinator checkpoint request rank 0 has seen (0: none)
     deficit: float  # max over ranks of (estimated save time - time left before the deadline); > 0: cannot fit
 
@@ -71,7 +71,6 @@ class CoordinatorClient:
     def __init__(self, url: str, token: str | None, interval: float):
         self.url, self.token, self.interval = url.rstrip("/"), token, interval
         self.latest_request = 0
-        self.handled = 0
         self._pending: dict | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()

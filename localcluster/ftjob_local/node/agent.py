@@ -46,7 +46,9 @@ class NodeAgent:
         else:
             self.served = {f"local-node-{i}" for i in range(nodes)} | {f"local-spot-{i}" for i in range(spot_nodes)}
             self.next_index = {"node": nodes, "spot": spot_nodes}
-        self.handled: set[str] = set(state.get("handled") or [])
+        # preemption request ids (random) in the order they were handled: a dict keeps insertion order, so the
+        # saved state keeps the newest 200, not the alphabetically largest
+        self.handled: dict[str, None] = dict.fromkeys(state.get("handled") or [])
         self._stop = threading.Event()
         self.pods = Informer(self.kube, "/api/v1/pods", "pods")
         self.nodes = Informer(self.kube, "/api/v1/nodes", "nodes")
@@ -66,7 +68,7 @@ class NodeAgent:
     def _save_state(self) -> None:
         tmp = self.dir / "state.json.tmp"
         tmp.write_text(json.dumps({"served": sorted(self.served), "next": self.next_index,
-                                   "handled": sorted(self.handled)[-200:]}))
+                                   "handled": list(self.handled)[-200:]}))
         tmp.replace(self.dir / "state.json")
 
     # --- nodes -------------------------------------------------------------------------------------------------------
@@ -163,7 +165,7 @@ class NodeAgent:
         req = request_of(node)
         if req and name in self.served and req["id"] not in self.handled:
             with self._lock:
-                self.handled.add(req["id"])
+                self.handled[req["id"]] = None
                 self._save_state()
             log.info("node %s: preemption requested %s", name, req)
             Preemption(self, node, req).start()
