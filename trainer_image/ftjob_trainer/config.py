@@ -165,7 +165,11 @@ class PreemptionConfig:
     coordinator_url: str | None = opt(
         None, "the coordinator's control API, e.g. http://10.96.0.12:29401", kind="opt_str"
     )
-    poll_interval: float = opt(1.0, "seconds between rank 0's polls of the coordinator")
+    poll_interval: float = opt(
+        0.5,
+        "seconds between rank 0's polls of the coordinator: a checkpoint request reaches the ranks up to this long "
+        "(plus one step) after it is posted",
+    )
     progress_every: int = opt(5, "rank 0 posts progress to the coordinator every N steps")
 
     def __post_init__(self) -> None:
