@@ -51,14 +51,23 @@ def test_signal_right_after_resume_stops_without_a_second_save(procs, tmp_path):
     args = [*TINY, "--checkpoint-dir", str(ckpt), "--termination-log", str(tmp_path / "term")]
     p = procs.start([sys.executable, "-m", "ftjob_trainer.train", *args, "--steps", "3"], name="a")
     assert finish(p) == 0
-    p = procs.start([sys.executable, "-m", "ftjob_trainer.train", *args, "--steps", "400"], name="b")
-    wait_for(lambda: "resumed from" in log_of(p), timeout=120, proc=p, what="the resume")
+    report = tmp_path / "b.json"
+    p = procs.start(
+        [sys.executable, "-m", "ftjob_trainer.train", *args, "--steps", "400", "--report", str(report)],
+        name="b",
+    )
+    # the signal handlers are installed before the config line is logged: a SIGTERM now lands during startup or
+    # loading, before the first step of the resumed run
+    wait_for(lambda: "config:" in log_of(p), timeout=120, proc=p, what="the config line")
     p.send_signal(signal.SIGTERM)
     assert finish(p) == 75, log_of(p)[-3000:]
     term = read_json(tmp_path / "term")
     assert (
         term["reason"] == "preempted"
-        and term["step"] >= 3
+        and term["step"] == 3
         and term["checkpoint"] == str(ckpt / f"step-{term['step']:09d}")
-    )
+    ), term
+    assert "already committed" in term["message"] and "already committed" in log_of(p)
+    doc = read_json(report)
+    assert doc["exit_code"] == 75 and doc["preemption_saves"] == 0, doc
     assert list_steps(ckpt)[-1] == term["step"]
