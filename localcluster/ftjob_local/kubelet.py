@@ -152,17 +152,54 @@ def kill_tree(pid: int, sig: int) -> None:
             pass
 
 
+# Every container process gets this variable with a value of its own; children inherit it, so a container's
+# processes can be found after they left its process group and lost their parent (torchrun's workers run in
+# sessions of their own and are reparented when torchrun dies first; a real kubelet kills the whole cgroup).
+MARKER_ENV = "FTJOB_LOCAL_CONTAINER"
+
+
+def marked(marker: str) -> list[int]:
+    """The processes whose environment carries MARKER_ENV=marker (read from /proc)."""
+    needle = f"{MARKER_ENV}={marker}".encode()
+    out = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if needle in environ.read_bytes().split(b"\0"):
+                out.append(int(environ.parent.name))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def kill_marked(marker: str) -> int:
+    """SIGKILLs every process of the container that marker names; returns how many were signalled."""
+    n = 0
+    for pid in marked(marker) if marker else []:
+        if pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, signal.SIGKILL)
+            n += 1
+        except (ProcessLookupError, PermissionError):
+            pass
+    return n
+
+
 def kill_recorded(pid_file: Path, sig: int = signal.SIGKILL) -> bool:
-    """Signals the process group recorded in pid_file if that very process still runs (pid reuse safe)."""
+    """Signals the process group recorded in pid_file if that very process still runs (pid reuse safe); for
+    SIGKILL also every process left with the container's marker (its main process may be gone already)."""
     try:
-        pid, started = pid_file.read_text().split()
+        pid, started, *rest = pid_file.read_text().split()
         pid = int(pid)
     except (OSError, ValueError):
         return False
-    if _cpu_start_time(pid) != started:
-        return False
-    kill_tree(pid, sig)
-    return True
+    hit = False
+    if _cpu_start_time(pid) == started:
+        kill_tree(pid, sig)
+        hit = True
+    if sig == signal.SIGKILL and rest and kill_marked(rest[0]):
+        hit = True
+    return hit
 
 
 @dataclass
@@ -187,6 +224,7 @@ class Ctr:
     probe_ok: dict = field(default_factory=dict)
     probe_fail: dict = field(default_factory=dict)
     kill_reason: str = ""
+    marker: str = ""  # MARKER_ENV's value for the running process and everything it starts
 
     @property
     def name(self) -> str:
@@ -538,8 +576,10 @@ class PodWorker:
             log_path(self.k.state_dir, self.ns, self.name, c.name, previous=True).unlink(missing_ok=True)
         with open(c.log_file, "ab") as out:
             try:
-                c.proc = subprocess.Popen(argv, cwd=c.cwd, env=c.env, stdin=subprocess.DEVNULL, stdout=out,
-                                          stderr=subprocess.STDOUT, start_new_session=True)
+                c.marker = f"{self.uid}/{c.name}/{os.urandom(4).hex()}"
+                c.proc = subprocess.Popen(argv, cwd=c.cwd, env={**c.env, MARKER_ENV: c.marker},
+                                          stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                          start_new_session=True)
             except OSError as e:
                 c.state = {"waiting": {"reason": "CreateContainerError", "message": f"cannot run {argv[0]!r}: {e}"}}
                 post_event(self.k.kube, self.pod, "Failed", f"Error: cannot run {argv[0]!r}: {e}", type_="Warning",
@@ -553,7 +593,8 @@ class PodWorker:
                 return
         proc = c.proc
         threading.Thread(target=lambda: (proc.wait(), self.wake.set()), name=f"wait-{proc.pid}", daemon=True).start()
-        (self.dir / "containers" / c.name / "pid").write_text(f"{c.proc.pid} {_cpu_start_time(c.proc.pid)}")
+        (self.dir / "containers" / c.name / "pid").write_text(
+            f"{c.proc.pid} {_cpu_start_time(c.proc.pid)} {c.marker}")
         c.started_at, c.started_mono = now_rfc3339(), time.monotonic()
         c.state = {"running": {"startedAt": c.started_at}}
         c.ready = False
@@ -567,11 +608,13 @@ class PodWorker:
         rc = c.proc.poll()
         if rc is None:
             return None
-        # The container is its process group: make sure no child outlives the main process.
+        # No child outlives the main process: its process group, and what left it (sessions of their own,
+        # reparented once the main process died) found by the container's marker.
         try:
             os.killpg(c.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        kill_marked(c.marker)
         c.proc = None
         code = 128 - rc if rc < 0 else rc
         message = self._termination_message(c, code)
@@ -773,6 +816,8 @@ class PodWorker:
     def _signal(self, c: Ctr, sig: int) -> None:
         if c.proc is not None:
             kill_tree(c.proc.pid, sig)
+            if sig == signal.SIGKILL:
+                kill_marked(c.marker)
 
     def _kill_all(self, sig: int) -> None:
         for c in self.inits + self.ctrs:

@@ -139,3 +139,42 @@ def test_agent_state_keeps_the_newest_handled_preemption_requests(tmp_path):
         agent.handled[rid] = None
     agent._save_state()
     assert json.loads((tmp_path / "state.json").read_text())["handled"] == ids[-200:]
+
+
+@pytest.mark.slow
+def test_a_containers_orphans_in_sessions_of_their_own_are_killed_by_its_marker(tmp_path):
+    """torchrun's workers run in sessions of their own; if torchrun dies first they are reparented, out of reach of
+    its process group and of a walk down from its pid. The container's marker still finds them."""
+    import os
+    import signal
+    import subprocess
+    import time
+    import uuid
+
+    from ftjob_local.kubelet import MARKER_ENV, kill_recorded, marked
+
+    marker = f"test-uid/main/{uuid.uuid4().hex[:8]}"
+    orphan_file = tmp_path / "orphan"
+    p = subprocess.Popen(
+        ["sh", "-c", f"setsid sleep 300 & echo $! > {orphan_file}"],
+        env={**os.environ, MARKER_ENV: marker},
+        start_new_session=True,
+    )
+    orphan = None
+    try:
+        assert p.wait(timeout=10) == 0  # the "main process" is gone, its child lives on in its own session
+        orphan = int(orphan_file.read_text())
+        deadline = time.monotonic() + 10
+        while os.getsid(orphan) != orphan and time.monotonic() < deadline:  # setsid() may not have run yet
+            time.sleep(0.01)
+        assert os.getsid(orphan) == orphan and marked(marker) == [orphan]
+        pid_file = tmp_path / "pid"
+        pid_file.write_text(f"{p.pid} not-running {marker}")  # what the kubelet recorded for the container
+        assert kill_recorded(pid_file)
+        deadline = time.monotonic() + 10
+        while marked(marker) and time.monotonic() < deadline:  # a killed process shows an empty environ
+            time.sleep(0.05)
+        assert marked(marker) == [], "the orphan survived"
+    finally:
+        if orphan is not None and marked(marker):
+            os.kill(orphan, signal.SIGKILL)
