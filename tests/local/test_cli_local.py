@@ -133,7 +133,11 @@ def test_preempt_with_notice(cluster, tmp_path, capsys):
     p, c = wait_for(disrupted, 10, interval=0.05, what="DisruptionTarget")
     assert time.monotonic() - t0 >= 1.4
     assert c["status"] == "True" and c["reason"] == "TerminationByKubelet"
-    assert p["metadata"].get("deletionTimestamp")
+    # The condition is set just before the graceful delete (as the kubelet does): wait for the delete to land.
+    def deleting():
+        p = kube.get(f"/api/v1/namespaces/{NS}/pods/{name}")
+        return p is None or bool(p["metadata"].get("deletionTimestamp"))
+    wait_for(deleting, 10, interval=0.05, what="deletionTimestamp after DisruptionTarget")
     wait_for(lambda: marker.read_text() in ("TERM", "saved"), 10, what="SIGTERM in the pod")
     wait_for(lambda: "local-spot-0" not in node_names(kube), 20, what="node removed")
     assert marker.read_text() == "saved", "the process had its grace period to finish"
