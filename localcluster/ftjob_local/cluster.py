@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from .kubelet import _cpu_start_time, kill_recorded
+from .procs import _cpu_start_time, kill_recorded
 
 COMPONENTS = ("apiserver", "node-agent", "operator")
 

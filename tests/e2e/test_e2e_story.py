@@ -27,7 +27,7 @@ from e2e_lib import (
 )
 from ftjob_local.cli import main as local_main
 from ftjob_local.demo import analyze, read_job_logs, read_json
-from ftjob_local.kubelet import kill_tree
+from ftjob_local.procs import kill_tree
 
 pytestmark = [pytest.mark.slow, needs_operator]
 BIN = Path(sys.executable).parent

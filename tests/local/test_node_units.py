@@ -151,7 +151,7 @@ def test_a_containers_orphans_in_sessions_of_their_own_are_killed_by_its_marker(
     import time
     import uuid
 
-    from ftjob_local.kubelet import MARKER_ENV, kill_recorded, marked
+    from ftjob_local.procs import MARKER_ENV, kill_recorded, marked
 
     marker = f"test-uid/main/{uuid.uuid4().hex[:8]}"
     orphan_file = tmp_path / "orphan"

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ftjob_local.kubelet import kill_tree as kubelet_kill_tree
+from ftjob_local.procs import kill_tree as kubelet_kill_tree
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
