@@ -97,8 +97,10 @@ def test_preemption_with_notice_then_hard_preemption(session, baseline):
     assert trained_in - originals, f"no replacement trained: {trained_in} vs original {originals}"
 
     # Hard: no save; resumed from the last periodic checkpoint and trained the steps after it again.
-    periodic = [r.step for r in records if r.rank == 0 and r.kind == "committed" and r.t < killed_at]
-    reached = max(r.step for r in records if r.rank == 0 and r.kind == "step" and r.t < killed_at)
+    # The kill lands a moment after `killed_at`: count what rank 0 did until the next round started instead.
+    round_two = a.resumes[1].t_config
+    periodic = [r.step for r in records if r.rank == 0 and r.kind == "committed" and r.t < round_two]
+    reached = max(r.step for r in records if r.rank == 0 and r.kind == "step" and r.t < round_two)
     assert periodic[-1] % 10 == 0 and periodic[-1] < reached, (periodic, reached)
     assert a.resumes[1].from_step == periodic[-1], a.resumes
     # Steps trained twice come from the hard kill only: the preemption with notice lost none.
