@@ -35,8 +35,10 @@ def machine() -> str:
         torch_version = f", torch {torch.__version__}"
     except ImportError:
         torch_version = ""
-    return (f"{cores} CPU cores{f' ({model})' if model else ''}{mem}, {platform.system()} {platform.release()}, "
-            f"Python {platform.python_version()}{torch_version}")
+    return (
+        f"{cores} CPU cores{f' ({model})' if model else ''}{mem}, {platform.system()} {platform.release()}, "
+        f"Python {platform.python_version()}{torch_version}"
+    )
 
 
 def now_utc() -> str:
@@ -49,7 +51,9 @@ def write_section(key: str, markdown: str, path: Path = RESULTS) -> None:
     block = f"{start}\n{markdown.strip()}\n{end}"
     text = path.read_text() if path.exists() else "# Benchmark results\n"
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
-    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
+    text = (
+        pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
+    )
     path.write_text(text)
 
 

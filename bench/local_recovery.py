@@ -49,9 +49,13 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preemptions", type=int, default=2, help="preemptions in the run (default 2)")
     p.add_argument("--notice", type=float, default=0.0, help="spot notice in seconds (default 0)")
-    p.add_argument("--replace-after", type=float, default=0.0, help="fresh spot node after S seconds (default 0)")
+    p.add_argument(
+        "--replace-after", type=float, default=0.0, help="fresh spot node after S seconds (default 0)"
+    )
     p.add_argument("--steps", type=int, default=120, help="training steps (default 120)")
-    p.add_argument("--state-dir", type=Path, default=None, help="cluster state folder (default: a temporary one)")
+    p.add_argument(
+        "--state-dir", type=Path, default=None, help="cluster state folder (default: a temporary one)"
+    )
     p.add_argument("--timeout", type=float, default=600, help="give up after S seconds (default 600)")
     p.add_argument("--no-write", action="store_true", help="print JSON only; leave bench/RESULTS.md alone")
     args = p.parse_args(argv)
@@ -69,22 +73,29 @@ def torchrun_events(log_dir: Path, job: str) -> dict[str, list[tuple[float, str]
             for line in f.read_text(errors="replace").splitlines():
                 m = TORCHRUN_LINE.match(line)
                 if m:
-                    t = datetime.strptime(f"{year}{m.group(2)}{m.group(3)} {m.group(4)[:15]}", "%Y%m%d %H:%M:%S.%f")
+                    t = datetime.strptime(
+                        f"{year}{m.group(2)}{m.group(3)} {m.group(4)[:15]}", "%Y%m%d %H:%M:%S.%f"
+                    )
                     out.setdefault(pod_dir.name, []).append((t.timestamp(), m.group(5)))
     return out
 
 
-def round_parts(events: dict[str, list[tuple[float, str]]], replacement: str, after: float,
-                before: float) -> dict[str, float]:
+def round_parts(
+    events: dict[str, list[tuple[float, str]]], replacement: str, after: float, before: float
+) -> dict[str, float]:
     """When the replacement's torchrun logged first, and when the last agent completed the round that started
     training again (between `after`, the notice, and `before`, rank 0's start in that round)."""
     parts: dict[str, float] = {}
     mine = [t for t, _ in events.get(replacement, []) if t > after]
     if mine:
         parts["agent_up"] = min(mine)
-    joined = [max((t for t, msg in ev if after < t <= before and "Rendezvous complete for workers" in msg),
-                  default=None)
-              for ev in events.values()]
+    joined = [
+        max(
+            (t for t, msg in ev if after < t <= before and "Rendezvous complete for workers" in msg),
+            default=None,
+        )
+        for ev in events.values()
+    ]
     joined = [t for t in joined if t is not None]
     if joined:
         parts["round_joined"] = max(joined)
@@ -162,26 +173,41 @@ def run(args) -> dict:
             parts["round"] = rounds["round_joined"] - rounds["agent_up"]
             parts["worker_startup"] = r.t_config - rounds["round_joined"]
         since_notice = {
-            "sigterm": r.t_signal, "save_committed": r.t_commit, "replacement_created": fresh[0][0],
-            "replacement_running": t_run, "replacement_agent_up": rounds.get("agent_up"),
-            "round_joined": rounds.get("round_joined"), "new_round_started": r.t_config, "model_sharded": r.t_sharded,
-            "checkpoint_loaded": r.t_resumed, "first_step": r.t_first_step,
+            "sigterm": r.t_signal,
+            "save_committed": r.t_commit,
+            "replacement_created": fresh[0][0],
+            "replacement_running": t_run,
+            "replacement_agent_up": rounds.get("agent_up"),
+            "round_joined": rounds.get("round_joined"),
+            "new_round_started": r.t_config,
+            "model_sharded": r.t_sharded,
+            "checkpoint_loaded": r.t_resumed,
+            "first_step": r.t_first_step,
         }
-        recoveries.append({
-            "node": node,
-            "stopped_at_step": r.stop_steps,
-            "resumed_from_step": r.from_step,
-            "total_s": round(r.t_first_step - t_notice, 2),
-            "parts_s": {k: round(v, 2) for k, v in parts.items()},
-            "since_notice_s": {k: round(v - t_notice, 2) for k, v in since_notice.items() if v is not None},
-        })
+        recoveries.append(
+            {
+                "node": node,
+                "stopped_at_step": r.stop_steps,
+                "resumed_from_step": r.from_step,
+                "total_s": round(r.t_first_step - t_notice, 2),
+                "parts_s": {k: round(v, 2) for k, v in parts.items()},
+                "since_notice_s": {
+                    k: round(v - t_notice, 2) for k, v in since_notice.items() if v is not None
+                },
+            }
+        )
     totals = [r["total_s"] for r in recoveries if "total_s" in r]
     return {
         "benchmark": "local_recovery",
         "date": now_utc(),
         "machine": machine(),
-        "job": {"manifest": str(DEFAULT_MANIFEST.name), "steps": args.steps, "workers": "2:2",
-                "notice_s": args.notice, "replace_after_s": args.replace_after},
+        "job": {
+            "manifest": str(DEFAULT_MANIFEST.name),
+            "steps": args.steps,
+            "workers": "2:2",
+            "notice_s": args.notice,
+            "replace_after_s": args.replace_after,
+        },
         "phase": final.get("phase"),
         "preemptions": final.get("preemptions"),
         "failures": final.get("failures"),
@@ -218,13 +244,20 @@ def markdown(res: dict) -> str:
         lines.append(f"| {i} | **{r['total_s']:.2f}** | {parts} | {r['resumed_from_step']} |")
     split = [r for r in rows if all(p in r["parts_s"] for p in RENDEZVOUS_PARTS)]
     if split:
-        lines += ["", "The rendezvous part, from torchrun's own log lines:", "",
-                  "| preemption | " + " | ".join(p.replace("_", " ") for p in RENDEZVOUS_PARTS) + " |",
-                  "|" + "---|" * (len(RENDEZVOUS_PARTS) + 1)]
+        lines += [
+            "",
+            "The rendezvous part, from torchrun's own log lines:",
+            "",
+            "| preemption | " + " | ".join(p.replace("_", " ") for p in RENDEZVOUS_PARTS) + " |",
+            "|" + "---|" * (len(RENDEZVOUS_PARTS) + 1),
+        ]
         for i, r in enumerate(split, 1):
             lines.append(f"| {i} | " + " | ".join(f"{r['parts_s'][p]:.2f}" for p in RENDEZVOUS_PARTS) + " |")
-    lines += ["", f"Goal: under {res['goal_total_s']:g} s with 0 lost steps: "
-              f"{'met' if res['goal_met'] else 'NOT met'} (median {res['median_total_s']} s)."]
+    lines += [
+        "",
+        f"Goal: under {res['goal_total_s']:g} s with 0 lost steps: "
+        f"{'met' if res['goal_met'] else 'NOT met'} (median {res['median_total_s']} s).",
+    ]
     return "\n".join(lines)
 
 

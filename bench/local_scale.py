@@ -38,7 +38,9 @@ def parse_args(argv):
     p.add_argument("--jobs", type=int, default=500, help="TrainingJobs to apply (default 500)")
     p.add_argument("--clients", type=int, default=8, help="concurrent create requests (default 8)")
     p.add_argument("--timeout", type=float, default=300, help="give up after S seconds (default 300)")
-    p.add_argument("--state-dir", type=Path, default=None, help="cluster state folder (default: a temporary one)")
+    p.add_argument(
+        "--state-dir", type=Path, default=None, help="cluster state folder (default: a temporary one)"
+    )
     p.add_argument("--no-write", action="store_true", help="print JSON only; leave bench/RESULTS.md alone")
     args = p.parse_args(argv)
     if args.jobs < 1 or args.clients < 1:
@@ -48,7 +50,9 @@ def parse_args(argv):
 
 def job(name: str) -> dict:
     return {
-        "apiVersion": "ftjob.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
+        "apiVersion": "ftjob.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
         "spec": {
             "image": "ftjob-trainer:dev",
             "command": ["-m", "this"],  # a no-op program for torchrun (it would print the Zen of Python)
@@ -153,8 +157,11 @@ def run(args) -> dict:
             time.sleep(0.2)
         done = time.time()
         hwm = rss_kb(op_pid, "VmHWM")
-        cpu = {c: round(cpu_seconds(pid) - cpu0[c], 1) for c, pid in pids.items()
-               if cpu_seconds(pid) is not None and cpu0[c] is not None}
+        cpu = {
+            c: round(cpu_seconds(pid) - cpu0[c], 1)
+            for c, pid in pids.items()
+            if cpu_seconds(pid) is not None and cpu0[c] is not None
+        }
         watch.stop.set()
         pods = sum(len(v) for v in watch.names.values())
     latencies = sorted(watch.complete[n] - answered[n] for n in names if n in watch.complete)
@@ -192,26 +199,28 @@ def markdown(r: dict) -> str:
     def fig(v, unit="s"):
         return "n/a" if v is None else f"{v:g} {unit}"
 
-    return "\n".join([
-        "## Local cluster: operator scale (`bench/local_scale.py`)",
-        "",
-        f"{r['date']}; {r['machine']}.",
-        f"{r['jobs']} TrainingJobs of 2 workers each (no-op command, pods left Pending on purpose) created with "
-        f"{r['pods_expected']} pods expected; all create requests answered in {fig(r['apply_s'])}.",
-        "",
-        "| figure | value | goal |",
-        "|---|---|---|",
-        f"| first create -> all {r['pods_expected']} pods exist | **{fig(r['all_pods_s'])}** "
-        f"({r['pods_created']} created, {r['jobs_complete']}/{r['jobs']} jobs complete) | < {r['goal_all_pods_s']:g} s |",
-        f"| create -> a job's 3 pods, p50 / p99 | {fig(r['latency_p50_s'])} / {fig(r['latency_p99_s'])} | |",
-        f"| operator peak RSS (VmHWM) | **{fig(r['operator_peak_rss_mb'], 'MB')}** | < {r['goal_rss_mb']:g} MB |",
-        "",
-        f"CPU seconds used during the run: {', '.join(f'{k} {v:g}' for k, v in r['cpu_seconds'].items())} "
-        f"(2 cores, {r['waited_s']:g} s of wall time).",
-        "",
-        f"Goals {'met' if r['goal_met'] else 'NOT met'}." + (f" Watch error: {r['watch_error']}" if r["watch_error"]
-                                                              else ""),
-    ])
+    return "\n".join(
+        [
+            "## Local cluster: operator scale (`bench/local_scale.py`)",
+            "",
+            f"{r['date']}; {r['machine']}.",
+            f"{r['jobs']} TrainingJobs of 2 workers each (no-op command, pods left Pending on purpose) created with "
+            f"{r['pods_expected']} pods expected; all create requests answered in {fig(r['apply_s'])}.",
+            "",
+            "| figure | value | goal |",
+            "|---|---|---|",
+            f"| first create -> all {r['pods_expected']} pods exist | **{fig(r['all_pods_s'])}** "
+            f"({r['pods_created']} created, {r['jobs_complete']}/{r['jobs']} jobs complete) | < {r['goal_all_pods_s']:g} s |",
+            f"| create -> a job's 3 pods, p50 / p99 | {fig(r['latency_p50_s'])} / {fig(r['latency_p99_s'])} | |",
+            f"| operator peak RSS (VmHWM) | **{fig(r['operator_peak_rss_mb'], 'MB')}** | < {r['goal_rss_mb']:g} MB |",
+            "",
+            f"CPU seconds used during the run: {', '.join(f'{k} {v:g}' for k, v in r['cpu_seconds'].items())} "
+            f"(2 cores, {r['waited_s']:g} s of wall time).",
+            "",
+            f"Goals {'met' if r['goal_met'] else 'NOT met'}."
+            + (f" Watch error: {r['watch_error']}" if r["watch_error"] else ""),
+        ]
+    )
 
 
 def main(argv=None) -> int:

@@ -15,13 +15,20 @@ DEFAULT_STATE_DIR = ".ftjob-local"
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ftjob local", description="The embedded local cluster: a Kubernetes API "
-                                "server, a scheduler and a kubelet that runs pods as processes, and the operator.")
+    p = argparse.ArgumentParser(
+        prog="ftjob local",
+        description="The embedded local cluster: a Kubernetes API "
+        "server, a scheduler and a kubelet that runs pods as processes, and the operator.",
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="{up,down,status,preempt}")
 
     def state_dir(sp):
-        sp.add_argument("--state-dir", type=Path, default=None,
-                        help=f"cluster state folder (default: {DEFAULT_STATE_DIR})")
+        sp.add_argument(
+            "--state-dir",
+            type=Path,
+            default=None,
+            help=f"cluster state folder (default: {DEFAULT_STATE_DIR})",
+        )
 
     up = sub.add_parser("up", help="start API server, node agent and operator in the background")
     state_dir(up)
@@ -37,16 +44,33 @@ def _parser() -> argparse.ArgumentParser:
     state_dir(st)
     st.add_argument("--json", action="store_true", help="print JSON")
 
-    pre = sub.add_parser("preempt", help="simulate a spot interruption of a node",
-                         usage="ftjob local preempt [--state-dir] DIR NODE [--notice S] [--hard] [--replace-after S]")
-    pre.add_argument("where", nargs="+", metavar="[DIR] NODE", help="state folder (or --state-dir) and node name")
+    pre = sub.add_parser(
+        "preempt",
+        help="simulate a spot interruption of a node",
+        usage="ftjob local preempt [--state-dir] DIR NODE [--notice S] [--hard] [--replace-after S]",
+    )
+    pre.add_argument(
+        "where", nargs="+", metavar="[DIR] NODE", help="state folder (or --state-dir) and node name"
+    )
     state_dir(pre)
-    pre.add_argument("--notice", type=float, default=0.0,
-                     help="seconds between the taint and the pods' termination (default 0)")
-    pre.add_argument("--hard", action="store_true", help="no notice: kill the pods and remove the node at once")
-    pre.add_argument("--replace-after", type=float, default=None,
-                     help="register a fresh node of the same kind this many seconds after the request")
-    pre.add_argument("--wait", action="store_true", help="return once the node is gone (and replaced, if asked)")
+    pre.add_argument(
+        "--notice",
+        type=float,
+        default=0.0,
+        help="seconds between the taint and the pods' termination (default 0)",
+    )
+    pre.add_argument(
+        "--hard", action="store_true", help="no notice: kill the pods and remove the node at once"
+    )
+    pre.add_argument(
+        "--replace-after",
+        type=float,
+        default=None,
+        help="register a fresh node of the same kind this many seconds after the request",
+    )
+    pre.add_argument(
+        "--wait", action="store_true", help="return once the node is gone (and replaced, if asked)"
+    )
     pre.add_argument("--timeout", type=float, default=300, help="--wait limit in seconds (default 300)")
     return p
 
@@ -111,20 +135,32 @@ def _preempt(args) -> int:
         raise ClusterError("--hard means no notice: drop --notice or --hard")
     cluster = LocalCluster(state_dir)
     if not cluster.alive("apiserver") or not cluster.kubeconfig.exists():
-        raise ClusterError(f"no local cluster runs from {cluster.dir}: start one with "
-                           f"ftjob local up --state-dir {cluster.dir}")
+        raise ClusterError(
+            f"no local cluster runs from {cluster.dir}: start one with "
+            f"ftjob local up --state-dir {cluster.dir}"
+        )
     if not cluster.alive("node-agent"):
-        raise ClusterError(f"the node agent of {cluster.dir} is not running, so nothing would carry out the "
-                           "preemption; restart the cluster (ftjob local down && ftjob local up)")
+        raise ClusterError(
+            f"the node agent of {cluster.dir} is not running, so nothing would carry out the "
+            "preemption; restart the cluster (ftjob local down && ftjob local up)"
+        )
     kube = Kube(str(cluster.kubeconfig))
     before = {n["metadata"]["name"] for n in kube.request("GET", "/api/v1/nodes").get("items") or []}
     try:
-        req = request_preemption(kube, node, notice=args.notice, hard=args.hard, replace_after=args.replace_after)
+        req = request_preemption(
+            kube, node, notice=args.notice, hard=args.hard, replace_after=args.replace_after
+        )
     except (LookupError, ValueError) as e:
         raise ClusterError(str(e)) from None
     what = "hard (no notice)" if args.hard else f"with {args.notice:g}s notice"
-    print(f"preempting {node} {what}" + (f"; a replacement registers after {args.replace_after:g}s"
-                                         if args.replace_after is not None else ""))
+    print(
+        f"preempting {node} {what}"
+        + (
+            f"; a replacement registers after {args.replace_after:g}s"
+            if args.replace_after is not None
+            else ""
+        )
+    )
     if not args.wait:
         return 0
     deadline = time.monotonic() + args.timeout
@@ -136,7 +172,9 @@ def _preempt(args) -> int:
     if req.get("replaceAfter") is not None:
         while True:
             try:
-                names = {n["metadata"]["name"] for n in kube.request("GET", "/api/v1/nodes").get("items") or []}
+                names = {
+                    n["metadata"]["name"] for n in kube.request("GET", "/api/v1/nodes").get("items") or []
+                }
             except ApiError:
                 names = set()
             fresh = sorted(names - before)

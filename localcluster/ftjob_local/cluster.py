@@ -47,11 +47,18 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
 
 def write_kubeconfig(path: Path, server: str) -> None:
     doc = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "ftjob-local", "preferences": {},
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "ftjob-local",
+        "preferences": {},
         "clusters": [{"name": "ftjob-local", "cluster": {"server": server}}],
         "users": [{"name": "ftjob-local", "user": {}}],
-        "contexts": [{"name": "ftjob-local", "context": {"cluster": "ftjob-local", "user": "ftjob-local",
-                                                         "namespace": "default"}}],
+        "contexts": [
+            {
+                "name": "ftjob-local",
+                "context": {"cluster": "ftjob-local", "user": "ftjob-local", "namespace": "default"},
+            }
+        ],
     }
     tmp = path.with_suffix(".tmp")
     tmp.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -82,8 +89,14 @@ class LocalCluster:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_dir / f"{name}.log", "ab") as log:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True, cwd=self.dir)
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=self.dir,
+            )
         rec = {"pid": proc.pid, "start": _cpu_start_time(proc.pid), "argv": argv, **(extra or {})}
         (self.run_dir / f"{name}.json").write_text(json.dumps(rec))
         return proc
@@ -98,29 +111,49 @@ class LocalCluster:
         deadline = time.monotonic() + timeout
         while not ready():
             if proc.poll() is not None:
-                raise ClusterError(f"{name} exited with code {proc.returncode} while starting; last lines of "
-                                   f"{self.log_dir / (name + '.log')}:\n{self._log_tail(name)}")
+                raise ClusterError(
+                    f"{name} exited with code {proc.returncode} while starting; last lines of "
+                    f"{self.log_dir / (name + '.log')}:\n{self._log_tail(name)}"
+                )
             if time.monotonic() > deadline:
-                raise ClusterError(f"{name} was not ready after {timeout:.0f}s; see {self.log_dir / (name + '.log')}:"
-                                   f"\n{self._log_tail(name)}")
+                raise ClusterError(
+                    f"{name} was not ready after {timeout:.0f}s; see {self.log_dir / (name + '.log')}:"
+                    f"\n{self._log_tail(name)}"
+                )
             time.sleep(0.1)
 
     # --- up ----------------------------------------------------------------------------------------------------------
-    def up(self, nodes: int = 1, spot_nodes: int = 2, operator: bool = True, timeout: float = 60.0,
-           say=print) -> Path:
+    def up(
+        self, nodes: int = 1, spot_nodes: int = 2, operator: bool = True, timeout: float = 60.0, say=print
+    ) -> Path:
         if nodes < 0 or spot_nodes < 0 or nodes + spot_nodes == 0:
             raise ClusterError("--nodes and --spot-nodes must be >= 0 with at least one node in total")
         running = [n for n in COMPONENTS if self.alive(n)]
         if running:
-            raise ClusterError(f"a local cluster already runs from {self.dir} ({', '.join(running)}); "
-                               f"stop it first: ftjob local down --state-dir {self.dir}")
+            raise ClusterError(
+                f"a local cluster already runs from {self.dir} ({', '.join(running)}); "
+                f"stop it first: ftjob local down --state-dir {self.dir}"
+            )
         self.dir.mkdir(parents=True, exist_ok=True)
         started: list[str] = []
         try:
             previous = self._record("apiserver") or {}
-            port = previous.get("port") if previous.get("port") and port_free(previous["port"]) else free_port()
-            proc = self._spawn("apiserver", [sys.executable, "-m", "ftjob_local.apiserver", "--state-dir",
-                                             str(self.dir), "--port", str(port)], {"port": port})
+            port = (
+                previous.get("port") if previous.get("port") and port_free(previous["port"]) else free_port()
+            )
+            proc = self._spawn(
+                "apiserver",
+                [
+                    sys.executable,
+                    "-m",
+                    "ftjob_local.apiserver",
+                    "--state-dir",
+                    str(self.dir),
+                    "--port",
+                    str(port),
+                ],
+                {"port": port},
+            )
             started.append("apiserver")
             server = f"http://127.0.0.1:{port}"
             self._wait("apiserver", proc, lambda: _http_ok(f"{server}/version"), timeout)
@@ -129,9 +162,22 @@ class LocalCluster:
 
             ready_file = self.dir / "node-agent" / "ready"
             ready_file.unlink(missing_ok=True)
-            proc = self._spawn("node-agent", [sys.executable, "-m", "ftjob_local.node", "--kubeconfig",
-                                              str(self.kubeconfig), "--state-dir", str(self.dir), "--nodes",
-                                              str(nodes), "--spot-nodes", str(spot_nodes)])
+            proc = self._spawn(
+                "node-agent",
+                [
+                    sys.executable,
+                    "-m",
+                    "ftjob_local.node",
+                    "--kubeconfig",
+                    str(self.kubeconfig),
+                    "--state-dir",
+                    str(self.dir),
+                    "--nodes",
+                    str(nodes),
+                    "--spot-nodes",
+                    str(spot_nodes),
+                ],
+            )
             started.append("node-agent")
             self._wait("node-agent", proc, ready_file.exists, timeout)
             served = json.loads(ready_file.read_text()).get("nodes", [])
@@ -151,17 +197,33 @@ class LocalCluster:
             say("warning: the operator (ftjob_operator.handlers) is not part of this build yet: not started")
             return
         metrics = free_port()
-        proc = self._spawn("operator", [sys.executable, "-m", "ftjob_operator.cli", "operator", "--kubeconfig",
-                                        str(self.kubeconfig), "--metrics-port", str(metrics)], {"metricsPort": metrics})
+        proc = self._spawn(
+            "operator",
+            [
+                sys.executable,
+                "-m",
+                "ftjob_operator.cli",
+                "operator",
+                "--kubeconfig",
+                str(self.kubeconfig),
+                "--metrics-port",
+                str(metrics),
+            ],
+            {"metricsPort": metrics},
+        )
         started.append("operator")
         # Ready = its metrics endpoint answers (served once the operator runs); a process alive after the
         # timeout is reported as running anyway, since metrics are optional to the operator.
         try:
-            self._wait("operator", proc, lambda: _http_ok(f"http://127.0.0.1:{metrics}/metrics"), min(timeout, 20))
+            self._wait(
+                "operator", proc, lambda: _http_ok(f"http://127.0.0.1:{metrics}/metrics"), min(timeout, 20)
+            )
         except ClusterError:
             if proc.poll() is not None:
                 raise
-            say(f"warning: operator metrics on :{metrics} did not answer; see {self.log_dir / 'operator.log'}")
+            say(
+                f"warning: operator metrics on :{metrics} did not answer; see {self.log_dir / 'operator.log'}"
+            )
         say(f"operator    metrics http://127.0.0.1:{metrics}/metrics (pid {proc.pid})")
 
     def restart(self, name: str, timeout: float = 60.0) -> int:
@@ -169,7 +231,9 @@ class LocalCluster:
         node-agent restart tests); returns the new pid once it is ready again."""
         rec = self._record(name)
         if name not in COMPONENTS or rec is None:
-            raise ClusterError(f"{name} was never started from {self.dir} (components: {', '.join(COMPONENTS)})")
+            raise ClusterError(
+                f"{name} was never started from {self.dir} (components: {', '.join(COMPONENTS)})"
+            )
         if self.alive(name):
             _stop_group(rec["pid"], rec["start"], timeout)
         extra = {k: v for k, v in rec.items() if k not in ("pid", "start", "argv")}
@@ -179,8 +243,10 @@ class LocalCluster:
         ready = {
             "apiserver": lambda: _http_ok(f"http://127.0.0.1:{rec['port']}/version"),
             "node-agent": (self.dir / "node-agent" / "ready").exists,
-            "operator": lambda: proc.poll() is None and (
-                not rec.get("metricsPort") or _http_ok(f"http://127.0.0.1:{rec['metricsPort']}/metrics")),
+            "operator": lambda: (
+                proc.poll() is None
+                and (not rec.get("metricsPort") or _http_ok(f"http://127.0.0.1:{rec['metricsPort']}/metrics"))
+            ),
         }[name]
         self._wait(name, proc, ready, timeout)
         return proc.pid
@@ -212,8 +278,11 @@ class LocalCluster:
         out: dict = {"stateDir": str(self.dir), "kubeconfig": str(self.kubeconfig), "components": {}}
         for name in COMPONENTS:
             rec = self.alive(name)
-            out["components"][name] = {"running": bool(rec), **({"pid": rec["pid"]} if rec else {}),
-                                       **({"port": rec["port"]} if rec and rec.get("port") else {})}
+            out["components"][name] = {
+                "running": bool(rec),
+                **({"pid": rec["pid"]} if rec else {}),
+                **({"port": rec["port"]} if rec and rec.get("port") else {}),
+            }
         if out["components"]["apiserver"]["running"] and self.kubeconfig.exists():
             try:
                 from .node.api import Kube
@@ -221,11 +290,15 @@ class LocalCluster:
 
                 kube = Kube(str(self.kubeconfig))
                 nodes = kube.request("GET", "/api/v1/nodes", timeout=5).get("items") or []
-                out["nodes"] = [{"name": n["metadata"]["name"],
-                                 "ready": (condition(n, "Ready") or {}).get("status") == "True",
-                                 "spot": (n["metadata"].get("labels") or {}).get("ftjob.dev/spot") == "true",
-                                 "taints": [t.get("key") for t in (n.get("spec") or {}).get("taints") or []]}
-                                for n in nodes]
+                out["nodes"] = [
+                    {
+                        "name": n["metadata"]["name"],
+                        "ready": (condition(n, "Ready") or {}).get("status") == "True",
+                        "spot": (n["metadata"].get("labels") or {}).get("ftjob.dev/spot") == "true",
+                        "taints": [t.get("key") for t in (n.get("spec") or {}).get("taints") or []],
+                    }
+                    for n in nodes
+                ]
                 pods = kube.request("GET", "/api/v1/pods", timeout=5).get("items") or []
                 phases: dict[str, int] = {}
                 for p in pods:

@@ -39,7 +39,9 @@ REPO = Path(__file__).resolve().parents[2]
 DEFAULT_MANIFEST = REPO / "examples" / "local-tiny.yaml"
 CRD_DIR = REPO / "crds"
 GROUP_PATH = "/apis/ftjob.dev/v1alpha1"
-WORKER_CONTAINER = "trainer"  # render.WORKER_CONTAINER (the operator's; not imported: ftjob_local needs no operator)
+WORKER_CONTAINER = (
+    "trainer"  # render.WORKER_CONTAINER (the operator's; not imported: ftjob_local needs no operator)
+)
 REPORT_NAME = "demo-report.json"
 
 # --- the trainer's log lines (ftjob_trainer.train / .checkpoint, logging format "%(asctime)s rank%d LEVEL name: msg")
@@ -95,8 +97,18 @@ def parse_trainer_log(text: str, pod: str) -> list[LogRecord]:
             out.append(LogRecord(t, pod, r, "requested", int(q.group(1)), msg))
         elif logger == "ftjob.train" and (e := EXIT.match(msg)):
             stopped = STOPPED_AT.search(e.group(3))
-            out.append(LogRecord(t, pod, r, "exit", int(stopped.group(1)) if stopped else None, e.group(3),
-                                 int(e.group(1)), e.group(2)))
+            out.append(
+                LogRecord(
+                    t,
+                    pod,
+                    r,
+                    "exit",
+                    int(stopped.group(1)) if stopped else None,
+                    e.group(3),
+                    int(e.group(1)),
+                    e.group(2),
+                )
+            )
     return out
 
 
@@ -122,7 +134,9 @@ class Resume:
     t_resumed: float  # the checkpoint was loaded
     t_first_step: float | None  # the first step after the load
     world_size_pods: int  # pods with a rank in the new round
-    stop_steps: list[int] = field(default_factory=list)  # steps the ranks stopped at (exit 75), before this resume
+    stop_steps: list[int] = field(
+        default_factory=list
+    )  # steps the ranks stopped at (exit 75), before this resume
     stop_reasons: list[str] = field(default_factory=list)
     t_stop: float | None = None  # the last rank's exit line before this resume
     t_signal: float | None = None  # SIGTERM as the preempted rank measured it (save deadline clock)
@@ -140,7 +154,9 @@ class Analysis:
     done_at: float | None
     first_step_at: float | None
     commits: list[tuple[float, int]]  # rank 0's committed checkpoints
-    requested_saves: list[tuple[float, int]]  # saves rank 0 started for a coordinator request (notice, annotation)
+    requested_saves: list[
+        tuple[float, int]
+    ]  # saves rank 0 started for a coordinator request (notice, annotation)
 
     @property
     def lost_steps(self) -> int:
@@ -166,8 +182,16 @@ def analyze(records: list[LogRecord]) -> Analysis:
         until = first if first is not None else res.t
         pods = {r.pod for r in records if r.kind == "config" and t_config - 5 <= r.t <= until}
         sharded = max((r.t for r in rank0 if r.kind == "sharded" and t_config <= r.t <= res.t), default=None)
-        resume = Resume(res.step, t_config, sharded, res.t, first, len(pods),
-                        sorted({s.step for s in stops if s.step is not None}), sorted({s.reason or "" for s in stops}))
+        resume = Resume(
+            res.step,
+            t_config,
+            sharded,
+            res.t,
+            first,
+            len(pods),
+            sorted({s.step for s in stops if s.step is not None}),
+            sorted({s.reason or "" for s in stops}),
+        )
         if stops:
             resume.t_stop = max(s.t for s in stops)
         for s in stops:
@@ -175,8 +199,11 @@ def analyze(records: list[LogRecord]) -> Analysis:
             if after and s.reason == "preempted":
                 resume.t_signal = s.t - float(after.group(1))  # the exit line follows the commit closely
                 resume.save_seconds = float(after.group(1))
-        commit = [r for r in rank0 if r.kind == "committed" and previous < r.t <= t_config
-                  and r.step in resume.stop_steps]
+        commit = [
+            r
+            for r in rank0
+            if r.kind == "committed" and previous < r.t <= t_config and r.step in resume.stop_steps
+        ]
         if commit:
             resume.t_commit = commit[-1].t
         resumes.append(resume)
@@ -199,8 +226,10 @@ def find_kubectl() -> str:
     here = Path(sys.executable).parent / "kubectl"
     found = str(here) if here.exists() else shutil.which("kubectl")
     if not found:
-        raise DemoError("kubectl not found next to this Python or on PATH; run ./dev setup (it installs kubectl "
-                        "into .venv/bin)")
+        raise DemoError(
+            "kubectl not found next to this Python or on PATH; run ./dev setup (it installs kubectl "
+            "into .venv/bin)"
+        )
     return found
 
 
@@ -213,14 +242,21 @@ class Session:
         self.kube = Kube(str(cluster.kubeconfig))
         self.kubectl_bin = find_kubectl()
 
-    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True,
-                timeout: float = 60) -> subprocess.CompletedProcess:
-        env = {"KUBECONFIG": str(self.cluster.kubeconfig), "PATH": str(Path(self.kubectl_bin).parent),
-               "HOME": str(self.cluster.dir)}
-        p = subprocess.run([self.kubectl_bin, *args], input=stdin, capture_output=True, text=True, env=env,
-                           timeout=timeout)
+    def kubectl(
+        self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess:
+        env = {
+            "KUBECONFIG": str(self.cluster.kubeconfig),
+            "PATH": str(Path(self.kubectl_bin).parent),
+            "HOME": str(self.cluster.dir),
+        }
+        p = subprocess.run(
+            [self.kubectl_bin, *args], input=stdin, capture_output=True, text=True, env=env, timeout=timeout
+        )
         if check and p.returncode != 0:
-            raise DemoError(f"kubectl {' '.join(args)} failed ({p.returncode}): {p.stderr.strip() or p.stdout}")
+            raise DemoError(
+                f"kubectl {' '.join(args)} failed ({p.returncode}): {p.stderr.strip() or p.stdout}"
+            )
         return p
 
     def install_crd(self, timeout: float = 30) -> None:
@@ -232,8 +268,9 @@ class Session:
                 return
             except ApiError as e:
                 if time.monotonic() > deadline:
-                    raise DemoError(f"the TrainingJob resource was not served {timeout:g}s after applying "
-                                    f"{CRD_DIR}: {e}") from None
+                    raise DemoError(
+                        f"the TrainingJob resource was not served {timeout:g}s after applying {CRD_DIR}: {e}"
+                    ) from None
             time.sleep(0.2)
 
     def job_path(self, name: str) -> str:
@@ -251,8 +288,13 @@ class Session:
 
     def node_of_worker(self, job: str) -> str | None:
         """The node of the oldest running worker (a spot node in the examples)."""
-        running = [p for p in self.pods(job) if (p["metadata"].get("labels") or {}).get("ftjob.dev/role") == "worker"
-                   and (p.get("status") or {}).get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
+        running = [
+            p
+            for p in self.pods(job)
+            if (p["metadata"].get("labels") or {}).get("ftjob.dev/role") == "worker"
+            and (p.get("status") or {}).get("phase") == "Running"
+            and not p["metadata"].get("deletionTimestamp")
+        ]
         running.sort(key=lambda p: p["metadata"].get("creationTimestamp") or "")
         return running[0]["spec"].get("nodeName") if running else None
 
@@ -290,7 +332,7 @@ def report_file(cluster: LocalCluster, namespace: str, job: dict) -> Path | None
     mount = ck.get("mountPath", "/checkpoints")
     if not claim or not report or not report.startswith(mount + "/"):
         return None
-    return cluster.dir / "pvcs" / namespace / claim / report[len(mount) + 1:]
+    return cluster.dir / "pvcs" / namespace / claim / report[len(mount) + 1 :]
 
 
 def read_json(path: Path | None) -> dict | None:
@@ -323,19 +365,40 @@ class Observations:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ftjob demo", description="Run a 2-worker TrainingJob on the embedded local "
-                                "cluster, preempt a spot node mid-run, watch it recover, plot it.")
-    p.add_argument("--state-dir", type=Path, default=None,
-                   help="cluster state folder (default: a fresh temporary folder, removed afterwards)")
-    p.add_argument("--out", type=Path, default=Path("demo-out"),
-                   help="where the plot, timeline and logs go (default ./demo-out)")
+    p = argparse.ArgumentParser(
+        prog="ftjob demo",
+        description="Run a 2-worker TrainingJob on the embedded local "
+        "cluster, preempt a spot node mid-run, watch it recover, plot it.",
+    )
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="cluster state folder (default: a fresh temporary folder, removed afterwards)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("demo-out"),
+        help="where the plot, timeline and logs go (default ./demo-out)",
+    )
     p.add_argument("--keep", action="store_true", help="leave the cluster running at the end")
-    p.add_argument("--manifest", type=Path, default=DEFAULT_MANIFEST, help="the job to run (default: %(default)s)")
+    p.add_argument(
+        "--manifest", type=Path, default=DEFAULT_MANIFEST, help="the job to run (default: %(default)s)"
+    )
     p.add_argument("--notice", type=float, default=5.0, help="spot notice in seconds (default 5)")
-    p.add_argument("--replace-after", type=float, default=3.0,
-                   help="seconds until a fresh spot node registers (default 3)")
-    p.add_argument("--preempt-at", type=float, default=0.3,
-                   help="preempt once this fraction of the steps is done (default 0.3)")
+    p.add_argument(
+        "--replace-after",
+        type=float,
+        default=3.0,
+        help="seconds until a fresh spot node registers (default 3)",
+    )
+    p.add_argument(
+        "--preempt-at",
+        type=float,
+        default=0.3,
+        help="preempt once this fraction of the steps is done (default 0.3)",
+    )
     p.add_argument("--timeout", type=float, default=600, help="give up after this many seconds (default 600)")
     return p
 
@@ -343,18 +406,25 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     if not 0 < args.preempt_at < 1:
-        print("ftjob demo: --preempt-at is a fraction of the steps, between 0 and 1 (e.g. 0.3)", file=sys.stderr)
+        print(
+            "ftjob demo: --preempt-at is a fraction of the steps, between 0 and 1 (e.g. 0.3)", file=sys.stderr
+        )
         return 2
     if args.notice < 0 or args.replace_after < 0:
         print("ftjob demo: --notice and --replace-after take seconds >= 0", file=sys.stderr)
         return 2
     if not args.manifest.is_file():
-        print(f"ftjob demo: no manifest at {args.manifest}; run from an ftjob checkout or pass --manifest",
-              file=sys.stderr)
+        print(
+            f"ftjob demo: no manifest at {args.manifest}; run from an ftjob checkout or pass --manifest",
+            file=sys.stderr,
+        )
         return 2
     if args.state_dir is not None and (args.state_dir / "objects.sqlite").exists():
-        print(f"ftjob demo: {args.state_dir} holds an earlier cluster's objects; pass a fresh --state-dir (or none "
-              "for a temporary one)", file=sys.stderr)
+        print(
+            f"ftjob demo: {args.state_dir} holds an earlier cluster's objects; pass a fresh --state-dir (or none "
+            "for a temporary one)",
+            file=sys.stderr,
+        )
         return 2
     from rich.console import Console
 
@@ -375,8 +445,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
         if args.keep:
-            console.print(f"the cluster keeps running: export KUBECONFIG={cluster.kubeconfig}; "
-                          f"stop it with: ftjob local down --state-dir {cluster.dir}")
+            console.print(
+                f"the cluster keeps running: export KUBECONFIG={cluster.kubeconfig}; "
+                f"stop it with: ftjob local down --state-dir {cluster.dir}"
+            )
         else:
             _ignore_interrupts_while(lambda: cluster.down(say=lambda *_: None))
             if temporary:
@@ -405,8 +477,10 @@ def run_demo(args, cluster: LocalCluster, console) -> int:
     console.print(f"starting a local cluster in {cluster.dir} (1 on-demand node, 2 spot nodes, the operator)")
     cluster.up(nodes=1, spot_nodes=2, operator=True, say=lambda m: console.print(f"  [dim]{m}[/]"))
     if not cluster.alive("operator"):
-        raise DemoError("the operator did not start (ftjob_operator.handlers missing or crashed); see "
-                        f"{cluster.log_dir / 'operator.log'}")
+        raise DemoError(
+            "the operator did not start (ftjob_operator.handlers missing or crashed); see "
+            f"{cluster.log_dir / 'operator.log'}"
+        )
     session = Session(cluster)
     session.install_crd()
     console.print(f"installed the TrainingJob CRD from {CRD_DIR}")
@@ -416,10 +490,20 @@ def run_demo(args, cluster: LocalCluster, console) -> int:
     steps = int((job["spec"].get("trainer") or {}).get("steps", 100))
     session.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs, sort_keys=False))
     obs = Observations(name, time.time())
-    console.print(f"applied {args.manifest} (TrainingJob {name}, {steps} steps; trainer flags "
-                  f"{job['spec']['trainer']['flags']})")
-    status = watch(session, obs, console, steps=steps, preempt_at=max(1, int(steps * args.preempt_at)),
-                   notice=args.notice, replace_after=args.replace_after, timeout=args.timeout)
+    console.print(
+        f"applied {args.manifest} (TrainingJob {name}, {steps} steps; trainer flags "
+        f"{job['spec']['trainer']['flags']})"
+    )
+    status = watch(
+        session,
+        obs,
+        console,
+        steps=steps,
+        preempt_at=max(1, int(steps * args.preempt_at)),
+        notice=args.notice,
+        replace_after=args.replace_after,
+        timeout=args.timeout,
+    )
     records = read_job_logs(cluster.dir, session.ns, name)
     result = summarize(session, obs, status, analyze(records), report_file(cluster, session.ns, job))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -432,12 +516,23 @@ def run_demo(args, cluster: LocalCluster, console) -> int:
     console.print(f"wrote {png}, {args.out / 'demo.json'} and the pod logs under {args.out / 'logs'}")
     if status.get("phase") != "Succeeded":
         cond = next((c for c in status.get("conditions") or [] if c.get("type") == "Failed"), {})
-        raise DemoError(f"the job ended {status.get('phase')}: {cond.get('message') or status.get('lastFailure')}")
+        raise DemoError(
+            f"the job ended {status.get('phase')}: {cond.get('message') or status.get('lastFailure')}"
+        )
     return 0
 
 
-def watch(session: Session, obs: Observations, console, *, steps: int, preempt_at: int, notice: float,
-          replace_after: float, timeout: float) -> dict:
+def watch(
+    session: Session,
+    obs: Observations,
+    console,
+    *,
+    steps: int,
+    preempt_at: int,
+    notice: float,
+    replace_after: float,
+    timeout: float,
+) -> dict:
     """Live progress until the job finishes; preempts a worker's node once `preempt_at` steps are done."""
     from rich.live import Live
 
@@ -449,28 +544,42 @@ def watch(session: Session, obs: Observations, console, *, steps: int, preempt_a
         with Live(console=console, refresh_per_second=4, transient=False) as live:
             while True:
                 if time.monotonic() > deadline:
-                    raise DemoError(f"the job did not finish within {timeout:g}s; phase {status.get('phase')}; see "
-                                    f"kubectl describe tj {obs.job_name} and {session.cluster.log_dir}")
+                    raise DemoError(
+                        f"the job did not finish within {timeout:g}s; phase {status.get('phase')}; see "
+                        f"kubectl describe tj {obs.job_name} and {session.cluster.log_dir}"
+                    )
                 now = time.time()
                 job = session.job(obs.job_name) or {}
                 status = job.get("status") or {}
                 for p in session.pods(obs.job_name):
                     obs.pod_seen.setdefault(p["metadata"]["name"], now)
                 workers = status.get("workers") or {}
-                sample = Sample(now, status.get("step"), status.get("phase"), workers.get("ready", 0),
-                                workers.get("desired", 0), status.get("preemptions", 0), status.get("failures", 0))
+                sample = Sample(
+                    now,
+                    status.get("step"),
+                    status.get("phase"),
+                    workers.get("ready", 0),
+                    workers.get("desired", 0),
+                    status.get("preemptions", 0),
+                    status.get("failures", 0),
+                )
                 obs.samples.append(sample)
                 live.update(progress_table(obs, sample, steps, status))
                 if status.get("phase") in ("Succeeded", "Failed"):
                     return status
-                if (obs.notice_at is None and (sample.step or 0) >= preempt_at
-                        and sample.ready >= max(1, sample.desired)):
+                if (
+                    obs.notice_at is None
+                    and (sample.step or 0) >= preempt_at
+                    and sample.ready >= max(1, sample.desired)
+                ):
                     node = session.node_of_worker(obs.job_name)
                     if node:
                         request_preemption(session.kube, node, notice=notice, replace_after=replace_after)
                         obs.notice_at, obs.preempted_node = time.time(), node
-                        live.console.print(f"[bold red]preempting {node}[/] at step {sample.step}: {notice:g}s notice, "
-                                           f"a fresh spot node registers after {replace_after:g}s")
+                        live.console.print(
+                            f"[bold red]preempting {node}[/] at step {sample.step}: {notice:g}s notice, "
+                            f"a fresh spot node registers after {replace_after:g}s"
+                        )
                 time.sleep(0.25)
     finally:
         console.line()  # the live table's last frame ends without a newline when the output is not a terminal
@@ -515,13 +624,22 @@ def summarize(session: Session, obs: Observations, status: dict, a: Analysis, re
         inv = ev.get("involvedObject") or {}
         reason = ev.get("reason") or ""
         if inv.get("name") == obs.job_name and reason in (
-                "TerminationNotice", "Preempted", "Replaced", "Recovered", "WorkerFailed", "RestartBackoff",
-                "Restarted", "Succeeded", "BackoffLimitExceeded"):
+            "TerminationNotice",
+            "Preempted",
+            "Replaced",
+            "Recovered",
+            "WorkerFailed",
+            "RestartBackoff",
+            "Restarted",
+            "Succeeded",
+            "BackoffLimitExceeded",
+        ):
             add(event_time(ev), f"operator: {reason}: {ev.get('message', '')}"[:140])
         elif inv.get("kind") == "Node" and reason in ("SpotInterruption", "NodeTerminated"):
             add(event_time(ev), f"node {inv.get('name')}: {reason}")
-    replacements = sorted((t, n) for n, t in obs.pod_seen.items()
-                          if "-worker-" in n and obs.notice_at and t > obs.notice_at)
+    replacements = sorted(
+        (t, n) for n, t in obs.pod_seen.items() if "-worker-" in n and obs.notice_at and t > obs.notice_at
+    )
     for t, n in replacements:
         add(t, f"replacement worker {n} created")
     for t, step in a.requested_saves:
@@ -569,13 +687,17 @@ def print_timeline(console, result: dict) -> None:
     for when, what in result["timeline"]:
         t.add_row(f"{when:.1f}", what)
     console.print(t)
-    console.print(f"job {result['phase']}: {result['final_step']} steps, {result['preemptions']} preemption(s), "
-                  f"{result['failures']} failure(s), lost steps {result['lost_steps']} "
-                  f"(trained twice {result['trained_twice']}, skipped {result['skipped']})")
+    console.print(
+        f"job {result['phase']}: {result['final_step']} steps, {result['preemptions']} preemption(s), "
+        f"{result['failures']} failure(s), lost steps {result['lost_steps']} "
+        f"(trained twice {result['trained_twice']}, skipped {result['skipped']})"
+    )
     for r in result["resumes"]:
         if r["t_first_step"] is not None and result["notice_at"] is not None and r["t_signal"] is not None:
-            console.print(f"SIGTERM -> first step after resume: {r['t_first_step'] - r['t_signal']:.1f}s "
-                          f"(save {r['save_seconds']:.2f}s)")
+            console.print(
+                f"SIGTERM -> first step after resume: {r['t_first_step'] - r['t_signal']:.1f}s "
+                f"(save {r['save_seconds']:.2f}s)"
+            )
 
 
 def plot(result: dict, path: Path) -> None:
@@ -590,17 +712,28 @@ def plot(result: dict, path: Path) -> None:
     ys = [s for _, s in result["steps"]]
     ax.plot(xs, ys, ".", markersize=3, label="rank 0 step")
     if result["commits"]:
-        ax.plot([t for t, _ in result["commits"]], [s for _, s in result["commits"]], "s", markersize=4, color="tab:gray", label="checkpoint committed")
+        ax.plot(
+            [t for t, _ in result["commits"]],
+            [s for _, s in result["commits"]],
+            "s",
+            markersize=4,
+            color="tab:gray",
+            label="checkpoint committed",
+        )
     if result["notice_at"] is not None:
         ax.axvline(result["notice_at"], color="tab:red", linestyle="--", label="preemption notice")
     for i, r in enumerate(result["resumes"]):
         if r["t_signal"] is not None:
             ax.axvline(r["t_signal"], color="tab:orange", linestyle=":", label="SIGTERM" if i == 0 else None)
-        ax.axvline(r["t_resumed"], color="tab:green", linestyle="-", alpha=0.7, label="resumed" if i == 0 else None)
+        ax.axvline(
+            r["t_resumed"], color="tab:green", linestyle="-", alpha=0.7, label="resumed" if i == 0 else None
+        )
     ax.set_xlabel("seconds after kubectl apply")
     ax.set_ylabel("training step")
-    ax.set_title(f"TrainingJob {result['job']}: {result['preemptions']} preemption(s), "
-                 f"lost steps {result['lost_steps']}")
+    ax.set_title(
+        f"TrainingJob {result['job']}: {result['preemptions']} preemption(s), "
+        f"lost steps {result['lost_steps']}"
+    )
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()

@@ -49,7 +49,10 @@ HOST_IP = "127.0.0.1"
 DEFAULT_TERMINATION_PATH = "/dev/termination-log"
 ENV_TERMINATION_LOG = "FTJOB_TERMINATION_LOG"  # = ftjob_trainer.contract.ENV_TERMINATION_LOG
 ENV_MOUNTS = "FTJOB_LOCAL_MOUNTS"
-BACKOFF_START, BACKOFF_MAX = 1.0, 30.0  # restart backoff (Kubernetes: 10 s doubling to 300 s), short for local use
+BACKOFF_START, BACKOFF_MAX = (
+    1.0,
+    30.0,
+)  # restart backoff (Kubernetes: 10 s doubling to 300 s), short for local use
 MAX_WAIT = 1.0  # the worker loop wakes on process exit, deletion or this timeout (probes, backoff)
 _KUBELET_CONDITIONS = ("PodScheduled", "Initialized", "ContainersReady", "Ready", "PodReadyToStartContainers")
 _HOST_ENV = ("HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "USER", "LOGNAME")
@@ -57,7 +60,9 @@ _HOST_ENV = ("HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "USER", "LOGNAME")
 
 def log_path(state_dir: Path, namespace: str, name: str, container: str, previous: bool = False) -> Path:
     """The API server reads the same path (apiserver.server logs_dir)."""
-    return Path(state_dir) / "logs" / namespace / name / (container + (".previous.log" if previous else ".log"))
+    return (
+        Path(state_dir) / "logs" / namespace / name / (container + (".previous.log" if previous else ".log"))
+    )
 
 
 # --- $(VAR) expansion, as Kubernetes does it ------------------------------------------------------------------
@@ -75,8 +80,8 @@ def expand(value: str, env: dict[str, str]) -> str:
             if nxt == "(":
                 end = value.find(")", i + 2)
                 if end != -1:
-                    name = value[i + 2:end]
-                    out.append(env[name] if name in env else value[i:end + 1])
+                    name = value[i + 2 : end]
+                    out.append(env[name] if name in env else value[i : end + 1])
                     i = end + 1
                     continue
         out.append(ch)
@@ -235,7 +240,11 @@ class PodWorker:
                 # Terminal: nothing runs any more, so the thread ends; the kubelet deletes the pod's folder
                 # when the object goes.
                 # The final status must land even if the API server is away for a while.
-                while not self._patch_status(force=True) and not self.gone and not self.delete_requested.is_set():
+                while (
+                    not self._patch_status(force=True)
+                    and not self.gone
+                    and not self.delete_requested.is_set()
+                ):
                     self.wake.wait(1.0)
                     self.wake.clear()
                 self.terminal = True
@@ -254,7 +263,11 @@ class PodWorker:
                 for kind in ("readinessProbe", "livenessProbe"):
                     probe = c.spec.get(kind)
                     if probe:
-                        due.append(c.probe_next.get(kind, c.started_mono + float(probe.get("initialDelaySeconds", 0))))
+                        due.append(
+                            c.probe_next.get(
+                                kind, c.started_mono + float(probe.get("initialDelaySeconds", 0))
+                            )
+                        )
         return min(MAX_WAIT, max(0.01, min(due) - now))
 
     def _init_failed(self) -> bool:
@@ -270,10 +283,15 @@ class PodWorker:
             c.restart_count = int(s.get("restartCount") or 0)
             if "running" in (s.get("state") or {}):
                 self.initialized = True
-                c.state = {"terminated": {"exitCode": 137, "reason": "ContainerStatusUnknown",
-                                          "message": "The container could not be located when the node agent restarted",
-                                          "startedAt": s["state"]["running"].get("startedAt"),
-                                          "finishedAt": now_rfc3339()}}
+                c.state = {
+                    "terminated": {
+                        "exitCode": 137,
+                        "reason": "ContainerStatusUnknown",
+                        "message": "The container could not be located when the node agent restarted",
+                        "startedAt": s["state"]["running"].get("startedAt"),
+                        "finishedAt": now_rfc3339(),
+                    }
+                }
                 self._after_exit(c, 137)
 
     def _setup(self) -> None:
@@ -284,15 +302,22 @@ class PodWorker:
             cdir = self.dir / "containers" / c.name
             cdir.mkdir(parents=True, exist_ok=True)
             c.term_file = cdir / "termination-log"
-        image = ", ".join(sorted({c.spec.get("image", "") for c in self.inits + self.ctrs if c.spec.get("image")}))
+        image = ", ".join(
+            sorted({c.spec.get("image", "") for c in self.inits + self.ctrs if c.spec.get("image")})
+        )
         mount_text = "; ".join(f"{m} -> {b}" for m, b in self.mounts) or "none"
-        post_event(self.k.kube, self.pod, "LocalEmulation",
-                   f"Local kubelet: containers run as processes on this machine. Image ({image or 'none'}) is ignored: "
-                   f"command/args run with {Path(sys.executable).parent} first on PATH. Resource limits are not "
-                   f"enforced. No network isolation: pod IP {self.pod_ip} is a loopback address. No mount namespace: "
-                   f"mountPath prefixes in command/args/env/workingDir are rewritten to folders ({mount_text}; also in "
-                   f"${ENV_MOUNTS}); the termination message file is given in ${ENV_TERMINATION_LOG}." +
-                   (" " + " ".join(notes) if notes else ""), host=self.node)
+        post_event(
+            self.k.kube,
+            self.pod,
+            "LocalEmulation",
+            f"Local kubelet: containers run as processes on this machine. Image ({image or 'none'}) is ignored: "
+            f"command/args run with {Path(sys.executable).parent} first on PATH. Resource limits are not "
+            f"enforced. No network isolation: pod IP {self.pod_ip} is a loopback address. No mount namespace: "
+            f"mountPath prefixes in command/args/env/workingDir are rewritten to folders ({mount_text}; also in "
+            f"${ENV_MOUNTS}); the termination message file is given in ${ENV_TERMINATION_LOG}."
+            + (" " + " ".join(notes) if notes else ""),
+            host=self.node,
+        )
         self._patch_status(force=True)
 
     # --- volumes --------------------------------------------------------------------------------------------------
@@ -329,7 +354,9 @@ class PodWorker:
                 vdir.mkdir(parents=True, exist_ok=True)
                 backing[name] = vdir
                 kinds = [k for k in v if k != "name"]
-                notes.append(f"Volume {name} ({', '.join(kinds)}) is not emulated: it is an empty folder {vdir}.")
+                notes.append(
+                    f"Volume {name} ({', '.join(kinds)}) is not emulated: it is an empty folder {vdir}."
+                )
         mounts: list[tuple[str, str]] = []
         for c in self.inits + self.ctrs:
             for vm in c.spec.get("volumeMounts") or []:
@@ -348,14 +375,23 @@ class PodWorker:
         src = v.get("secret") or v.get("configMap")
         is_secret = "secret" in v
         name = src.get("secretName") if is_secret else src.get("name")
-        obj = self.k.kube.get(f"/api/v1/namespaces/{self.ns}/{'secrets' if is_secret else 'configmaps'}/{name}")
+        obj = self.k.kube.get(
+            f"/api/v1/namespaces/{self.ns}/{'secrets' if is_secret else 'configmaps'}/{name}"
+        )
         if obj is None:
             if not src.get("optional"):
-                notes.append(f"{'Secret' if is_secret else 'ConfigMap'} {name} of volume {v['name']} not found.")
+                notes.append(
+                    f"{'Secret' if is_secret else 'ConfigMap'} {name} of volume {v['name']} not found."
+                )
             return
-        data = {k: base64.b64decode(val) for k, val in (obj.get("data") or {}).items()} if is_secret else {
-            **{k: val.encode() for k, val in (obj.get("data") or {}).items()},
-            **{k: base64.b64decode(val) for k, val in (obj.get("binaryData") or {}).items()}}
+        data = (
+            {k: base64.b64decode(val) for k, val in (obj.get("data") or {}).items()}
+            if is_secret
+            else {
+                **{k: val.encode() for k, val in (obj.get("data") or {}).items()},
+                **{k: base64.b64decode(val) for k, val in (obj.get("binaryData") or {}).items()},
+            }
+        )
         items = src.get("items") or [{"key": k, "path": k} for k in data]
         for item in items:
             if item["key"] in data:
@@ -370,9 +406,14 @@ class PodWorker:
         if match:
             return (m.get(match.group(1)) or {}).get(match.group(2), "")
         simple = {
-            "metadata.name": m.get("name"), "metadata.namespace": m.get("namespace"), "metadata.uid": m.get("uid"),
-            "spec.nodeName": self.node, "spec.serviceAccountName": (pod.get("spec") or {}).get("serviceAccountName"),
-            "status.podIP": self.pod_ip, "status.podIPs": self.pod_ip, "status.hostIP": HOST_IP,
+            "metadata.name": m.get("name"),
+            "metadata.namespace": m.get("namespace"),
+            "metadata.uid": m.get("uid"),
+            "spec.nodeName": self.node,
+            "spec.serviceAccountName": (pod.get("spec") or {}).get("serviceAccountName"),
+            "status.podIP": self.pod_ip,
+            "status.podIPs": self.pod_ip,
+            "status.hostIP": HOST_IP,
             "status.hostIPs": HOST_IP,
         }
         if path in simple:
@@ -399,28 +440,36 @@ class PodWorker:
             if ref.get("optional"):
                 return None
             what = "secret" if kind == "secret" else "configmap"
-            missing = f'{what} "{ref.get("name")}" not found' if obj is None else \
-                f'couldn\'t find key {ref["key"]} in {what.capitalize()} {self.ns}/{ref.get("name")}'
+            missing = (
+                f'{what} "{ref.get("name")}" not found'
+                if obj is None
+                else f"couldn't find key {ref['key']} in {what.capitalize()} {self.ns}/{ref.get('name')}"
+            )
             raise ConfigError("CreateContainerConfigError", missing)
         value = data[ref["key"]]
         return base64.b64decode(value).decode(errors="replace") if kind == "secret" else value
 
     def _environment(self, c: Ctr) -> dict[str, str]:
         env = {k: os.environ[k] for k in _HOST_ENV if k in os.environ}
-        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")])
+        env["PATH"] = os.pathsep.join(
+            [str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")]
+        )
         env["HOSTNAME"] = self.name
         for src in c.spec.get("envFrom") or []:
             kind = "secret" if "secretRef" in src else "configmap"
             ref = src.get("secretRef") or src.get("configMapRef") or {}
-            obj = self.k.kube.get(f"/api/v1/namespaces/{self.ns}/{'secrets' if kind == 'secret' else 'configmaps'}"
-                                  f"/{ref.get('name')}")
+            obj = self.k.kube.get(
+                f"/api/v1/namespaces/{self.ns}/{'secrets' if kind == 'secret' else 'configmaps'}"
+                f"/{ref.get('name')}"
+            )
             if obj is None:
                 if ref.get("optional"):
                     continue
                 raise ConfigError("CreateContainerConfigError", f'{kind} "{ref.get("name")}" not found')
             for k, val in (obj.get("data") or {}).items():
-                env[src.get("prefix", "") + k] = base64.b64decode(val).decode(errors="replace") \
-                    if kind == "secret" else val
+                env[src.get("prefix", "") + k] = (
+                    base64.b64decode(val).decode(errors="replace") if kind == "secret" else val
+                )
         for e in c.spec.get("env") or []:
             if "valueFrom" in e:
                 vf = e["valueFrom"]
@@ -433,14 +482,19 @@ class PodWorker:
                 elif "configMapKeyRef" in vf:
                     value = self._key_ref("configmap", vf["configMapKeyRef"])
                 else:
-                    raise ConfigError("CreateContainerConfigError", f"env {e['name']}: unsupported valueFrom {vf}")
+                    raise ConfigError(
+                        "CreateContainerConfigError", f"env {e['name']}: unsupported valueFrom {vf}"
+                    )
                 if value is None:
                     continue
             else:
                 value = expand(e.get("value", ""), env)
             env[e["name"]] = rewrite_paths(value, self._mounts_for(c))
-        env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env["PATH"] \
-            if not env["PATH"].startswith(str(Path(sys.executable).parent) + os.pathsep) else env["PATH"]
+        env["PATH"] = (
+            str(Path(sys.executable).parent) + os.pathsep + env["PATH"]
+            if not env["PATH"].startswith(str(Path(sys.executable).parent) + os.pathsep)
+            else env["PATH"]
+        )
         env[ENV_TERMINATION_LOG] = str(c.term_file)
         env[ENV_MOUNTS] = json.dumps(dict(self._mounts_for(c)))
         return env
@@ -458,9 +512,11 @@ class PodWorker:
             command = [expand(x, c.env) for x in c.spec.get("command") or []]
             args = [expand(x, c.env) for x in c.spec.get("args") or []]
             if not command and not args:
-                raise ConfigError("CreateContainerError",
-                                  f"container {c.name} has neither command nor args: the local kubelet cannot run "
-                                  "the image's entrypoint or CMD; set args (or command)")
+                raise ConfigError(
+                    "CreateContainerError",
+                    f"container {c.name} has neither command nor args: the local kubelet cannot run "
+                    "the image's entrypoint or CMD; set args (or command)",
+                )
             mounts = self._mounts_for(c)
             argv = [rewrite_paths(x, mounts) for x in command + args]
         except ConfigError as e:
@@ -488,29 +544,55 @@ class PodWorker:
         with open(c.log_file, "ab") as out:
             try:
                 c.marker = f"{self.uid}/{c.name}/{os.urandom(4).hex()}"
-                c.proc = subprocess.Popen(argv, cwd=c.cwd, env={**c.env, MARKER_ENV: c.marker},
-                                          stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                          start_new_session=True)
+                c.proc = subprocess.Popen(
+                    argv,
+                    cwd=c.cwd,
+                    env={**c.env, MARKER_ENV: c.marker},
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             except OSError as e:
-                c.state = {"waiting": {"reason": "CreateContainerError", "message": f"cannot run {argv[0]!r}: {e}"}}
-                post_event(self.k.kube, self.pod, "Failed", f"Error: cannot run {argv[0]!r}: {e}", type_="Warning",
-                           host=self.node)
+                c.state = {
+                    "waiting": {"reason": "CreateContainerError", "message": f"cannot run {argv[0]!r}: {e}"}
+                }
+                post_event(
+                    self.k.kube,
+                    self.pod,
+                    "Failed",
+                    f"Error: cannot run {argv[0]!r}: {e}",
+                    type_="Warning",
+                    host=self.node,
+                )
                 c.next_start = time.monotonic() + c.backoff
                 c.backoff = min(BACKOFF_MAX, c.backoff * 2)
                 if (self.pod.get("spec") or {}).get("restartPolicy", "Always") == "Never":
-                    c.state = {"terminated": {"exitCode": 128, "reason": "StartError", "message": str(e),
-                                              "startedAt": None, "finishedAt": now_rfc3339()}}
+                    c.state = {
+                        "terminated": {
+                            "exitCode": 128,
+                            "reason": "StartError",
+                            "message": str(e),
+                            "startedAt": None,
+                            "finishedAt": now_rfc3339(),
+                        }
+                    }
                     c.done = True
                 return
         proc = c.proc
-        threading.Thread(target=lambda: (proc.wait(), self.wake.set()), name=f"wait-{proc.pid}", daemon=True).start()
+        threading.Thread(
+            target=lambda: (proc.wait(), self.wake.set()), name=f"wait-{proc.pid}", daemon=True
+        ).start()
         (self.dir / "containers" / c.name / "pid").write_text(
-            f"{c.proc.pid} {_cpu_start_time(c.proc.pid)} {c.marker}")
+            f"{c.proc.pid} {_cpu_start_time(c.proc.pid)} {c.marker}"
+        )
         c.started_at, c.started_mono = now_rfc3339(), time.monotonic()
         c.state = {"running": {"startedAt": c.started_at}}
         c.ready = False
         c.probe_next, c.probe_ok, c.probe_fail = {}, {}, {}
-        post_event(self.k.kube, self.pod, "Started", f"Started container {c.name} (pid {c.proc.pid})", host=self.node)
+        post_event(
+            self.k.kube, self.pod, "Started", f"Started container {c.name} (pid {c.proc.pid})", host=self.node
+        )
 
     def _reap(self, c: Ctr) -> int | None:
         """Returns the container's exit code once its process ended (128+n for signal n)."""
@@ -529,8 +611,13 @@ class PodWorker:
         c.proc = None
         code = 128 - rc if rc < 0 else rc
         message = self._termination_message(c, code)
-        term = {"exitCode": code, "reason": c.kill_reason or ("Completed" if code == 0 else "Error"),
-                "startedAt": c.started_at, "finishedAt": now_rfc3339(), "containerID": f"local://{self.uid}/{c.name}"}
+        term = {
+            "exitCode": code,
+            "reason": c.kill_reason or ("Completed" if code == 0 else "Error"),
+            "startedAt": c.started_at,
+            "finishedAt": now_rfc3339(),
+            "containerID": f"local://{self.uid}/{c.name}",
+        }
         if rc < 0:
             term["signal"] = -rc
         if message:
@@ -545,7 +632,12 @@ class PodWorker:
             text = c.term_file.read_bytes()[:4096].decode(errors="replace") if c.term_file else ""
         except OSError:
             text = ""
-        if not text and code != 0 and c.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError" and c.log_file:
+        if (
+            not text
+            and code != 0
+            and c.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError"
+            and c.log_file
+        ):
             try:
                 lines = c.log_file.read_bytes().decode(errors="replace").splitlines()[-80:]
                 text = "\n".join(lines)[-2048:]
@@ -567,9 +659,13 @@ class PodWorker:
         c.next_start = time.monotonic() + c.backoff
         c.backoff = min(BACKOFF_MAX, c.backoff * 2)
         c.restart_count += 1
-        c.state = {"waiting": {"reason": "CrashLoopBackOff",
-                               "message": f"back-off {c.backoff / 2:.0f}s restarting failed container={c.name} "
-                                          f"pod={self.name}_{self.ns}({self.uid})"}}
+        c.state = {
+            "waiting": {
+                "reason": "CrashLoopBackOff",
+                "message": f"back-off {c.backoff / 2:.0f}s restarting failed container={c.name} "
+                f"pod={self.name}_{self.ns}({self.uid})",
+            }
+        }
 
     def _step_container(self, c: Ctr, now: float) -> None:
         if c.done:
@@ -602,17 +698,33 @@ class PodWorker:
                 port = self._port(c, h.get("port"))
                 host = h.get("host") or self.pod_ip
                 url = f"{h.get('scheme', 'HTTP').lower()}://{host}:{port}{h.get('path', '/')}"
-                req = urllib.request.Request(url, headers={x["name"]: x["value"] for x in h.get("httpHeaders") or []})
+                req = urllib.request.Request(
+                    url, headers={x["name"]: x["value"] for x in h.get("httpHeaders") or []}
+                )
                 with urllib.request.urlopen(req, timeout=timeout) as resp:
                     return 200 <= resp.status < 400
             if "tcpSocket" in probe:
                 t = probe["tcpSocket"]
-                with socket.create_connection((t.get("host") or self.pod_ip, self._port(c, t.get("port"))), timeout):
+                with socket.create_connection(
+                    (t.get("host") or self.pod_ip, self._port(c, t.get("port"))), timeout
+                ):
                     return True
             if "exec" in probe:
-                argv = [rewrite_paths(expand(x, c.env), self._mounts_for(c)) for x in probe["exec"].get("command") or []]
-                return subprocess.run(argv, env=c.env, cwd=c.cwd or None, timeout=timeout, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL).returncode == 0
+                argv = [
+                    rewrite_paths(expand(x, c.env), self._mounts_for(c))
+                    for x in probe["exec"].get("command") or []
+                ]
+                return (
+                    subprocess.run(
+                        argv,
+                        env=c.env,
+                        cwd=c.cwd or None,
+                        timeout=timeout,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    ).returncode
+                    == 0
+                )
         except Exception:
             return False
         return True
@@ -651,16 +763,29 @@ class PodWorker:
                         if kind == "readinessProbe":
                             c.ready = False
                         else:
-                            post_event(self.k.kube, self.pod, "Unhealthy", f"Liveness probe failed; restarting "
-                                       f"container {c.name}", type_="Warning", host=self.node)
+                            post_event(
+                                self.k.kube,
+                                self.pod,
+                                "Unhealthy",
+                                f"Liveness probe failed; restarting container {c.name}",
+                                type_="Warning",
+                                host=self.node,
+                            )
                             c.probe_fail[kind] = 0
                             self._signal(c, signal.SIGKILL)
 
     # --- status -------------------------------------------------------------------------------------------------------
     def _container_status(self, c: Ctr) -> Obj:
-        s = {"name": c.name, "image": c.spec.get("image", ""), "imageID": "", "ready": c.ready,
-             "restartCount": c.restart_count, "started": c.proc is not None, "state": c.state,
-             "lastState": c.last_state}
+        s = {
+            "name": c.name,
+            "image": c.spec.get("image", ""),
+            "imageID": "",
+            "ready": c.ready,
+            "restartCount": c.restart_count,
+            "started": c.proc is not None,
+            "state": c.state,
+            "lastState": c.last_state,
+        }
         if c.proc is not None:
             s["containerID"] = f"local://{self.uid}/{c.name}"
         return s
@@ -685,14 +810,24 @@ class PodWorker:
         mine = [c for c in current if c.get("type") in _KUBELET_CONDITIONS]
         mine = set_condition(mine, "PodScheduled", "True")
         mine = set_condition(mine, "PodReadyToStartContainers", "True")
-        mine = set_condition(mine, "Initialized", "True" if self.initialized else "False",
-                             "" if self.initialized else "ContainersNotInitialized")
-        reason = "" if ready else ("PodCompleted" if phase in ("Succeeded", "Failed") else "ContainersNotReady")
+        mine = set_condition(
+            mine,
+            "Initialized",
+            "True" if self.initialized else "False",
+            "" if self.initialized else "ContainersNotInitialized",
+        )
+        reason = (
+            "" if ready else ("PodCompleted" if phase in ("Succeeded", "Failed") else "ContainersNotReady")
+        )
         mine = set_condition(mine, "ContainersReady", "True" if ready else "False", reason)
         mine = set_condition(mine, "Ready", "True" if ready else "False", reason)
         status: Obj = {
-            "phase": phase, "conditions": mine + conds, "hostIP": HOST_IP, "hostIPs": [{"ip": HOST_IP}],
-            "podIP": self.pod_ip, "podIPs": [{"ip": self.pod_ip}],
+            "phase": phase,
+            "conditions": mine + conds,
+            "hostIP": HOST_IP,
+            "hostIPs": [{"ip": HOST_IP}],
+            "podIP": self.pod_ip,
+            "podIPs": [{"ip": self.pod_ip}],
             "startTime": (self.pod.get("status") or {}).get("startTime") or now_rfc3339(),
             "containerStatuses": [self._container_status(c) for c in self.ctrs],
         }
@@ -705,13 +840,21 @@ class PodWorker:
         if self.gone or not self.pod_ip:
             return True
         status = self._status()
-        comparable = json.dumps({**status, "conditions": [{k: v for k, v in c.items() if k != "lastTransitionTime"}
-                                                          for c in status["conditions"]]}, sort_keys=True)
+        comparable = json.dumps(
+            {
+                **status,
+                "conditions": [
+                    {k: v for k, v in c.items() if k != "lastTransitionTime"} for c in status["conditions"]
+                ],
+            },
+            sort_keys=True,
+        )
         if not force and comparable == self.last_status:
             return True
         try:
-            self.pod = self.k.kube.merge_patch(pod_path(self.ns, self.name, "status"),
-                                               {"metadata": {"uid": self.uid}, "status": status})
+            self.pod = self.k.kube.merge_patch(
+                pod_path(self.ns, self.name, "status"), {"metadata": {"uid": self.uid}, "status": status}
+            )
             self.last_status = comparable
             return True
         except ApiError as e:
@@ -740,8 +883,13 @@ class PodWorker:
             if self.kill_now:
                 self._kill_all(signal.SIGKILL)
             else:
-                post_event(self.k.kube, self.pod, "Killing", "Stopping container(s) " +
-                           ", ".join(c.name for c in running), host=self.node)
+                post_event(
+                    self.k.kube,
+                    self.pod,
+                    "Killing",
+                    "Stopping container(s) " + ", ".join(c.name for c in running),
+                    host=self.node,
+                )
                 self._kill_all(signal.SIGTERM)
             killed = self.kill_now
             while any(c.proc is not None for c in running):
@@ -811,7 +959,9 @@ class Kubelet:
             if existing and existing.startswith(POD_CIDR_PREFIX + ".") and existing not in self._ips:
                 self._ips.add(existing)
                 return existing
-            in_use = self._ips | {(p.get("status") or {}).get("podIP") for p in self.pods.items() if not is_terminal(p)}
+            in_use = self._ips | {
+                (p.get("status") or {}).get("podIP") for p in self.pods.items() if not is_terminal(p)
+            }
             for _ in range(65534):
                 n = self._next_ip
                 self._next_ip = 2 if self._next_ip >= 65533 else self._next_ip + 1
@@ -917,5 +1067,3 @@ class Kubelet:
 def pod_ready(pod: Obj) -> bool:
     c = condition(pod, "Ready")
     return bool(c and c.get("status") == "True")
-
-

@@ -77,6 +77,7 @@ class ServiceProxy:
             for server, _ in self._servers.values():
                 server.close()
             self._servers.clear()
+
         if self.loop.is_running():
             asyncio.run_coroutine_threadsafe(close(), self.loop).result(5)
             self.loop.call_soon_threadsafe(self.loop.stop)
@@ -96,7 +97,11 @@ class ServiceProxy:
             for p in spec.get("ports") or []:
                 if p.get("protocol", "TCP") == "TCP":
                     m = meta(svc)
-                    wanted[(ip, int(p["port"]))] = (m.get("namespace", "default"), m["name"], p.get("name") or "")
+                    wanted[(ip, int(p["port"]))] = (
+                        m.get("namespace", "default"),
+                        m["name"],
+                        p.get("name") or "",
+                    )
         return wanted
 
     async def _sync(self) -> None:
@@ -111,11 +116,18 @@ class ServiceProxy:
             ip, port = key
             try:
                 server = await asyncio.start_server(
-                    lambda r, w, o=owner: self._handle(r, w, o), host=ip, port=port, reuse_address=True)
+                    lambda r, w, o=owner: self._handle(r, w, o), host=ip, port=port, reuse_address=True
+                )
             except OSError as e:
                 if key not in self._failed:
-                    log.warning("service %s/%s: cannot listen on %s:%d: %s (retrying)", owner[0], owner[1], ip, port,
-                                e)
+                    log.warning(
+                        "service %s/%s: cannot listen on %s:%d: %s (retrying)",
+                        owner[0],
+                        owner[1],
+                        ip,
+                        port,
+                        e,
+                    )
                 self._failed.add(key)
                 continue
             self._failed.discard(key)
@@ -129,8 +141,10 @@ class ServiceProxy:
         svc = self.services.get(ns, name)
         upstream = None
         if svc:
-            port = next((p for p in (svc.get("spec") or {}).get("ports") or [] if (p.get("name") or "") == port_name),
-                        None)
+            port = next(
+                (p for p in (svc.get("spec") or {}).get("ports") or [] if (p.get("name") or "") == port_name),
+                None,
+            )
             eps = endpoints(svc, port, self.pods.items()) if port else []
             if eps:
                 ip, tport = eps[next(self._rr) % len(eps)]

@@ -41,8 +41,9 @@ def spot_taint() -> Obj:
     return {"key": SPOT_TAINT_KEY, "value": "true", "effect": "NoSchedule", "timeAdded": now_rfc3339()}
 
 
-def request_preemption(kube: Kube, node: str, *, notice: float = 0.0, hard: bool = False,
-                       replace_after: float | None = None) -> Obj:
+def request_preemption(
+    kube: Kube, node: str, *, notice: float = 0.0, hard: bool = False, replace_after: float | None = None
+) -> Obj:
     """Taints the node (unless hard) and leaves the request for its node agent; returns the request."""
     if notice < 0 or (replace_after is not None and replace_after < 0):
         raise ValueError("--notice and --replace-after take seconds >= 0")
@@ -50,8 +51,13 @@ def request_preemption(kube: Kube, node: str, *, notice: float = 0.0, hard: bool
     if current is None:
         names = sorted(meta(n)["name"] for n in kube.request("GET", "/api/v1/nodes").get("items") or [])
         raise LookupError(f"node {node!r} not found; nodes: {', '.join(names) or 'none'}")
-    req = {"id": uuid.uuid4().hex[:12], "notice": notice, "hard": hard, "replaceAfter": replace_after,
-           "requestedAt": time.time()}
+    req = {
+        "id": uuid.uuid4().hex[:12],
+        "notice": notice,
+        "hard": hard,
+        "replaceAfter": replace_after,
+        "requestedAt": time.time(),
+    }
     patch: Obj = {"metadata": {"annotations": {PREEMPT_ANNOTATION: json.dumps(req)}}}
     taints = (current.get("spec") or {}).get("taints") or []
     if not hard and not any(t.get("key") == SPOT_TAINT_KEY for t in taints):
@@ -94,9 +100,15 @@ class Preemption:
             log.exception("preemption of %s failed", self.node_name)
 
     def _hard(self) -> None:
-        post_event(self.kube, {**self.node, "kind": "Node"}, "NodeTerminated",
-                   "Simulated hard interruption: the node is gone without notice", type_="Warning",
-                   component="ftjob-local-preempt", host=self.node_name)
+        post_event(
+            self.kube,
+            {**self.node, "kind": "Node"},
+            "NodeTerminated",
+            "Simulated hard interruption: the node is gone without notice",
+            type_="Warning",
+            component="ftjob-local-preempt",
+            host=self.node_name,
+        )
         self.agent.stop_serving(self.node_name)  # the kubelet SIGKILLs this node's pods now
         for pod in self._pods():
             m = meta(pod)
@@ -105,9 +117,15 @@ class Preemption:
 
     def _with_notice(self) -> None:
         notice = float(self.req.get("notice") or 0)
-        post_event(self.kube, {**self.node, "kind": "Node"}, "SpotInterruption",
-                   f"Simulated spot interruption notice: the node goes away in {notice:g}s", type_="Warning",
-                   component="ftjob-local-preempt", host=self.node_name)
+        post_event(
+            self.kube,
+            {**self.node, "kind": "Node"},
+            "SpotInterruption",
+            f"Simulated spot interruption notice: the node goes away in {notice:g}s",
+            type_="Warning",
+            component="ftjob-local-preempt",
+            host=self.node_name,
+        )
         time.sleep(max(0.0, self.start_wall + notice - time.time()))
         message = f"Node {self.node_name} is being preempted (simulated spot interruption)"
         longest = 0
@@ -121,8 +139,13 @@ class Preemption:
             if worker is not None:
                 worker.add_condition("DisruptionTarget", "True", DISRUPTION_REASON, message)
             else:
-                conds = set_condition((pod.get("status") or {}).get("conditions") or [], "DisruptionTarget",
-                                      "True", DISRUPTION_REASON, message)
+                conds = set_condition(
+                    (pod.get("status") or {}).get("conditions") or [],
+                    "DisruptionTarget",
+                    "True",
+                    DISRUPTION_REASON,
+                    message,
+                )
                 try:
                     self.kube.merge_patch(pod_path(ns, name, "status"), {"status": {"conditions": conds}})
                 except ApiError as e:
@@ -131,7 +154,9 @@ class Preemption:
             longest = max(longest, grace)
             self.kube.delete(pod_path(ns, name), grace=grace, uid=uid)
         try:
-            wait_for(lambda: not self._pods(), timeout=longest + 15, what=f"the pods of {self.node_name} to end")
+            wait_for(
+                lambda: not self._pods(), timeout=longest + 15, what=f"the pods of {self.node_name} to end"
+            )
         except TimeoutError as e:
             log.warning("%s; deleting the node anyway", e)
         self.agent.stop_serving(self.node_name)
@@ -148,5 +173,3 @@ def request_of(node: Obj) -> Obj | None:
         log.warning("node %s: unreadable %s annotation %r", meta(node).get("name"), PREEMPT_ANNOTATION, raw)
         return None
     return req if isinstance(req, dict) and req.get("id") else None
-
-

@@ -70,7 +70,8 @@ def _match_expression(labels: dict, expr: Obj) -> bool:
 def node_fits_affinity(pod: Obj, node: Obj) -> bool:
     labels = meta(node).get("labels") or {}
     required = (((pod.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}).get(
-        "requiredDuringSchedulingIgnoredDuringExecution") or {}
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
     terms = required.get("nodeSelectorTerms") or []
     if not terms:
         return True
@@ -97,9 +98,13 @@ def filter_node(pod: Obj, node: Obj, used: dict[str, Decimal], pods_on_node: int
     if not node_fits_affinity(pod, node):
         return "node(s) didn't match Pod's node affinity/selector"
     for taint in (node.get("spec") or {}).get("taints") or []:
-        if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(spec.get("tolerations"), taint):
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(
+            spec.get("tolerations"), taint
+        ):
             return f"node(s) had untolerated taint {{{taint.get('key')}: {taint.get('value') or ''}}}"
-    allocatable = (node.get("status") or {}).get("allocatable") or (node.get("status") or {}).get("capacity") or {}
+    allocatable = (
+        (node.get("status") or {}).get("allocatable") or (node.get("status") or {}).get("capacity") or {}
+    )
     if pods_on_node + 1 > int(parse_quantity(allocatable.get("pods", "110"))):
         return "Too many pods"
     asked = pod_requests(pod)
@@ -157,8 +162,11 @@ class Scheduler:
                     count[node] += 1
                     for r, q in pod_requests(pod).items():
                         used[node][r] += q
-            elif not meta(pod).get("deletionTimestamp") and not is_terminal(pod) and \
-                    (pod.get("spec") or {}).get("schedulerName", SCHEDULER_NAME) == SCHEDULER_NAME:
+            elif (
+                not meta(pod).get("deletionTimestamp")
+                and not is_terminal(pod)
+                and (pod.get("spec") or {}).get("schedulerName", SCHEDULER_NAME) == SCHEDULER_NAME
+            ):
                 pending.append(pod)
         live = {meta(p).get("uid") for p in pods}
         self._assumed = {u: n for u, n in self._assumed.items() if u in live}
@@ -188,25 +196,38 @@ class Scheduler:
         try:
             if self._binding_supported:
                 try:
-                    self.kube.request("POST", pod_path(ns, name, "binding"), body={
-                        "apiVersion": "v1", "kind": "Binding",
-                        "metadata": {"name": name, "namespace": ns, "uid": uid},
-                        "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
+                    self.kube.request(
+                        "POST",
+                        pod_path(ns, name, "binding"),
+                        body={
+                            "apiVersion": "v1",
+                            "kind": "Binding",
+                            "metadata": {"name": name, "namespace": ns, "uid": uid},
+                            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+                        },
+                    )
                 except ApiError as e:
                     if e.status not in (404, 405) or self.kube.get(pod_path(ns, name)) is None:
                         raise
                     log.warning("API server has no pods/binding (%s); binding by patching spec.nodeName", e)
                     self._binding_supported = False
             if not self._binding_supported:
-                self.kube.merge_patch(pod_path(ns, name), {"metadata": {"uid": uid}, "spec": {"nodeName": node}})
+                self.kube.merge_patch(
+                    pod_path(ns, name), {"metadata": {"uid": uid}, "spec": {"nodeName": node}}
+                )
         except ApiError as e:
             if e.status in (404, 409):  # deleted meanwhile, or already bound
                 return False
             raise
         self._assumed[uid] = node
         self._reported.pop(uid, None)
-        post_event(self.kube, pod, "Scheduled", f"Successfully assigned {ns}/{name} to {node}",
-                   component=SCHEDULER_NAME)
+        post_event(
+            self.kube,
+            pod,
+            "Scheduled",
+            f"Successfully assigned {ns}/{name} to {node}",
+            component=SCHEDULER_NAME,
+        )
         return True
 
     def _unschedulable(self, pod: Obj, total: int, reasons: Counter[str]) -> None:
@@ -215,12 +236,19 @@ class Scheduler:
         uid = meta(pod).get("uid", "")
         if self._reported.get(uid) == message:
             return
-        conds = set_condition((pod.get("status") or {}).get("conditions") or [], "PodScheduled", "False",
-                              "Unschedulable", message)
+        conds = set_condition(
+            (pod.get("status") or {}).get("conditions") or [],
+            "PodScheduled",
+            "False",
+            "Unschedulable",
+            message,
+        )
         m = meta(pod)
         try:
-            self.kube.merge_patch(pod_path(m.get("namespace", "default"), m["name"], "status"),
-                                  {"status": {"phase": "Pending", "conditions": conds}})
+            self.kube.merge_patch(
+                pod_path(m.get("namespace", "default"), m["name"], "status"),
+                {"status": {"phase": "Pending", "conditions": conds}},
+            )
         except ApiError as e:
             if e.status != 404:
                 raise

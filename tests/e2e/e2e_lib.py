@@ -30,7 +30,9 @@ def start_cluster(state: Path) -> Session:
     cluster = LocalCluster(state)
     cluster.up(nodes=1, spot_nodes=2, operator=True, say=lambda *_: None)
     try:
-        assert cluster.alive("operator"), f"the operator did not start; see {cluster.log_dir / 'operator.log'}"
+        assert cluster.alive("operator"), (
+            f"the operator did not start; see {cluster.log_dir / 'operator.log'}"
+        )
         session = Session(cluster)
         session.install_crd()
     except BaseException:
@@ -65,16 +67,24 @@ def diagnose(session: Session, job: str | None = None) -> str:
             parts.append("status: " + yaml.safe_dump((session.job(job) or {}).get("status")))
             for p in session.pods(job):
                 st = p.get("status") or {}
-                parts.append(f"pod {p['metadata']['name']} phase={st.get('phase')} node={p['spec'].get('nodeName')} "
-                             f"deleting={bool(p['metadata'].get('deletionTimestamp'))}")
+                parts.append(
+                    f"pod {p['metadata']['name']} phase={st.get('phase')} node={p['spec'].get('nodeName')} "
+                    f"deleting={bool(p['metadata'].get('deletionTimestamp'))}"
+                )
         except Exception as e:  # noqa: BLE001 - diagnostics must not hide the real failure
             parts.append(f"(could not read the job: {e})")
     parts.append("operator log:\n" + tail(session.cluster.log_dir / "operator.log"))
     return "\n".join(parts)
 
 
-def wait_until(session: Session, predicate: Callable[[], Any], timeout: float, what: str,
-               job: str | None = None, interval: float = 0.25) -> Any:
+def wait_until(
+    session: Session,
+    predicate: Callable[[], Any],
+    timeout: float,
+    what: str,
+    job: str | None = None,
+    interval: float = 0.25,
+) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -90,8 +100,13 @@ def job_status(session: Session, name: str) -> dict:
 
 
 def wait_finished(session: Session, name: str, timeout: float) -> dict:
-    return wait_until(session, lambda: (st := job_status(session, name)).get("phase") in ("Succeeded", "Failed")
-                      and st, timeout, f"TrainingJob {name} to finish", job=name)
+    return wait_until(
+        session,
+        lambda: (st := job_status(session, name)).get("phase") in ("Succeeded", "Failed") and st,
+        timeout,
+        f"TrainingJob {name} to finish",
+        job=name,
+    )
 
 
 # The trainer flags of the test jobs (also what the uninterrupted baseline runs with).
@@ -102,8 +117,14 @@ def example_docs() -> list[dict]:
     return [d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d]
 
 
-def tiny_job(name: str, *, steps: int = 40, workers: tuple[int, int] = (2, 2), trainer: dict | None = None,
-             spec: dict | None = None) -> list[dict]:
+def tiny_job(
+    name: str,
+    *,
+    steps: int = 40,
+    workers: tuple[int, int] = (2, 2),
+    trainer: dict | None = None,
+    spec: dict | None = None,
+) -> list[dict]:
     """A claim and a TrainingJob shaped like examples/local-tiny.yaml, smaller and faster for tests.
 
     min == max by default: the world size never changes, so the final state hash must equal an uninterrupted
@@ -120,7 +141,14 @@ def tiny_job(name: str, *, steps: int = 40, workers: tuple[int, int] = (2, 2), t
     s["checkpoint"]["volume"] = {"persistentVolumeClaim": {"claimName": f"{name}-checkpoints"}}
     extra = dict(trainer or {})
     flags = {**TEST_FLAGS, **extra.pop("flags", {})}
-    s["trainer"] = {"model": "tiny", "steps": steps, "globalBatchSize": 4, "seqLen": 32, "flags": flags, **extra}
+    s["trainer"] = {
+        "model": "tiny",
+        "steps": steps,
+        "globalBatchSize": 4,
+        "seqLen": 32,
+        "flags": flags,
+        **extra,
+    }
     s["rendezvous"] = {"lastCallTimeoutSeconds": 1, "keepAliveIntervalSeconds": 1, "keepAliveMaxAttempts": 2}
     # Two ranks on two cores: one thread each.
     s.setdefault("podTemplate", {})["env"] = [{"name": "OMP_NUM_THREADS", "value": "1"}]
@@ -138,9 +166,13 @@ def pvc_dir(session: Session, name: str) -> Path:
 
 
 def live_workers(session: Session, job: str) -> list[dict]:
-    return [p for p in session.pods(job) if p["metadata"]["labels"].get("ftjob.dev/role") == "worker"
-            and not p["metadata"].get("deletionTimestamp") and (p.get("status") or {}).get("phase") in
-            ("Pending", "Running")]
+    return [
+        p
+        for p in session.pods(job)
+        if p["metadata"]["labels"].get("ftjob.dev/role") == "worker"
+        and not p["metadata"].get("deletionTimestamp")
+        and (p.get("status") or {}).get("phase") in ("Pending", "Running")
+    ]
 
 
 def running_workers(session: Session, job: str) -> list[dict]:

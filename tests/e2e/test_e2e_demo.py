@@ -18,8 +18,23 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def test_ftjob_demo_recovers_from_a_preemption_and_plots_it(tmp_path):
     state, out = tmp_path / "state", tmp_path / "out"
     ftjob = Path(sys.executable).parent / "ftjob"
-    proc = subprocess.run([str(ftjob), "demo", "--state-dir", str(state), "--out", str(out), "--notice", "3",
-                           "--replace-after", "2"], capture_output=True, text=True, timeout=480)
+    proc = subprocess.run(
+        [
+            str(ftjob),
+            "demo",
+            "--state-dir",
+            str(state),
+            "--out",
+            str(out),
+            "--notice",
+            "3",
+            "--replace-after",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=480,
+    )
     try:
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     finally:
@@ -37,4 +52,3 @@ def test_ftjob_demo_recovers_from_a_preemption_and_plots_it(tmp_path):
     # Torn down: nothing of the cluster runs any more.
     status = LocalCluster(state).status()
     assert not any(c["running"] for c in status["components"].values()), status
-

@@ -41,10 +41,14 @@ def job(name: str = "bad-job", **spec_changes) -> dict:
 CASES = {
     "min above max": (job(workers={"min": 3, "max": 2}), ["spec.workers.min must be <= spec.workers.max"]),
     "negative steps": (job(trainer__steps=-5), ["spec.trainer.steps", "greater than or equal to 1"]),
-    "negative grace period": (job(preemption__gracePeriodSeconds=-1),
-                              ["spec.preemption.gracePeriodSeconds", "greater than or equal to 10"]),
-    "negative failure budget": (job(failurePolicy__maxFailures=-1),
-                                ["spec.failurePolicy.maxFailures", "greater than or equal to 0"]),
+    "negative grace period": (
+        job(preemption__gracePeriodSeconds=-1),
+        ["spec.preemption.gracePeriodSeconds", "greater than or equal to 10"],
+    ),
+    "negative failure budget": (
+        job(failurePolicy__maxFailures=-1),
+        ["spec.failurePolicy.maxFailures", "greater than or equal to 0"],
+    ),
     "unknown field": (job(bogusField=1), ['unknown field "spec.bogusField"']),
     "70-character name": (job(name="a" * 70), ["metadata.name must be at most"]),
 }

@@ -15,12 +15,22 @@ COLUMNS = ["NAME", "PHASE", "READY", "DESIRED", "STEP", "CHECKPOINT", "PREEMPTIO
 
 def test_kubectl_story(session):
     k = session.kubectl
-    assert re.search(r"customresourcedefinition.apiextensions.k8s.io/trainingjobs.ftjob.dev (unchanged|configured)",
-                     k("apply", "-f", str(CRD_DIR)).stdout)
+    assert re.search(
+        r"customresourcedefinition.apiextensions.k8s.io/trainingjobs.ftjob.dev (unchanged|configured)",
+        k("apply", "-f", str(CRD_DIR)).stdout,
+    )
     out = k("apply", "-f", str(EXAMPLE)).stdout
-    assert "persistentvolumeclaim/local-tiny-checkpoints created" in out and f"trainingjob.ftjob.dev/{NAME} created" in out
-    wait_until(session, lambda: len(running_workers(session, NAME)) == 2 and job_status(session, NAME).get("step"),
-               180, "two running workers and a reported step", job=NAME)
+    assert (
+        "persistentvolumeclaim/local-tiny-checkpoints created" in out
+        and f"trainingjob.ftjob.dev/{NAME} created" in out
+    )
+    wait_until(
+        session,
+        lambda: len(running_workers(session, NAME)) == 2 and job_status(session, NAME).get("step"),
+        180,
+        "two running workers and a reported step",
+        job=NAME,
+    )
 
     # get: the printer columns, filled in.
     table = k("get", "tj").stdout.splitlines()
@@ -28,7 +38,9 @@ def test_kubectl_story(session):
     row = dict(zip(COLUMNS, table[1].split(), strict=False))
     assert row["NAME"] == NAME and row["PHASE"] == "Running" and row["DESIRED"] == "2", table
     assert int(row["STEP"]) >= 1, table
-    wide = k("get", "trainingjobs.ftjob.dev", NAME, "-o", "jsonpath={.status.phase}/{.status.workers.ready}").stdout
+    wide = k(
+        "get", "trainingjobs.ftjob.dev", NAME, "-o", "jsonpath={.status.phase}/{.status.workers.ready}"
+    ).stdout
     assert wide == "Running/2"
 
     # describe: spec, status and the operator's events.
@@ -43,24 +55,49 @@ def test_kubectl_story(session):
 
     # annotate: a checkpoint now, answered by a committed checkpoint.
     k("annotate", "tj", NAME, "ftjob.dev/checkpoint-request=e2e-1")
-    wait_until(session, lambda: job_status(session, NAME).get("handledCheckpointRequest") == "e2e-1", 60,
-               "the operator to take the checkpoint request", job=NAME)
-    saved = wait_until(session, lambda: re.search(r"saving step (\d+) for coordinator request",
-                                                  k("logs", worker).stdout), 60, "the requested save", job=NAME)
+    wait_until(
+        session,
+        lambda: job_status(session, NAME).get("handledCheckpointRequest") == "e2e-1",
+        60,
+        "the operator to take the checkpoint request",
+        job=NAME,
+    )
+    saved = wait_until(
+        session,
+        lambda: re.search(r"saving step (\d+) for coordinator request", k("logs", worker).stdout),
+        60,
+        "the requested save",
+        job=NAME,
+    )
     step = int(saved.group(1))
-    wait_until(session, lambda: (job_status(session, NAME).get("lastCheckpoint") or {}).get("step", -1) >= step, 60,
-               "status.lastCheckpoint to reach the requested save", job=NAME)
+    wait_until(
+        session,
+        lambda: (job_status(session, NAME).get("lastCheckpoint") or {}).get("step", -1) >= step,
+        60,
+        "status.lastCheckpoint to reach the requested save",
+        job=NAME,
+    )
     events = k("get", "events", "--field-selector", f"involvedObject.name={NAME}").stdout
     assert "CheckpointRequested" in events, events
 
     # scale: the scale subresource moves spec.workers.replicas; the operator follows.
     assert f"trainingjob.ftjob.dev/{NAME} scaled" in k("scale", "tj", NAME, "--replicas=1").stdout
     assert k("get", "tj", NAME, "-o", "jsonpath={.spec.workers.replicas}").stdout == "1"
-    wait_until(session, lambda: job_status(session, NAME).get("workers", {}).get("desired") == 1
-               and len(live_workers(session, NAME)) == 1, 90, "one worker after kubectl scale", job=NAME)
+    wait_until(
+        session,
+        lambda: (
+            job_status(session, NAME).get("workers", {}).get("desired") == 1
+            and len(live_workers(session, NAME)) == 1
+        ),
+        90,
+        "one worker after kubectl scale",
+        job=NAME,
+    )
 
     # delete: the job and, through owner references, its pods, Service and Secret.
     assert f'trainingjob.ftjob.dev "{NAME}" deleted' in k("delete", "tj", NAME, "--wait=false").stdout
-    wait_until(session, lambda: k("get", "tj", NAME, check=False).returncode != 0, 60, "the job to go", job=NAME)
+    wait_until(
+        session, lambda: k("get", "tj", NAME, check=False).returncode != 0, 60, "the job to go", job=NAME
+    )
     wait_until(session, lambda: not session.pods(NAME), 90, "the pods to be garbage collected")
     assert "NotFound" in k("get", "service", f"{NAME}-coordinator", check=False).stderr

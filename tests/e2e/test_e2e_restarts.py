@@ -36,14 +36,23 @@ def session(tmp_path):
 
 
 def worker_names(session, job: str) -> set[str]:
-    return {p["metadata"]["name"] for p in session.pods(job) if p["metadata"]["labels"]["ftjob.dev/role"] == "worker"}
+    return {
+        p["metadata"]["name"]
+        for p in session.pods(job)
+        if p["metadata"]["labels"]["ftjob.dev/role"] == "worker"
+    }
 
 
 def test_control_plane_restart_then_operator_restart_in_the_middle_of_a_preemption(session):
     name = "restarts"
     apply(session, tiny_job(name, steps=60))
-    wait_until(session, lambda: report_step(session, name) >= 8 and len(running_workers(session, name)) == 2,
-               180, "two workers training past step 8", job=name)
+    wait_until(
+        session,
+        lambda: report_step(session, name) >= 8 and len(running_workers(session, name)) == 2,
+        180,
+        "two workers training past step 8",
+        job=name,
+    )
 
     # 1. The API server goes down and comes back: every object is intact and training never stops.
     before_job = session.job(name)
@@ -63,14 +72,34 @@ def test_control_plane_restart_then_operator_restart_in_the_middle_of_a_preempti
         assert after_job["status"].get(counter) == before_job["status"].get(counter), counter
 
     # 2. A preemption with notice, and the operator killed while it runs; back once the node is gone.
-    wait_until(session, lambda: report_step(session, name) >= 20 and len(running_workers(session, name)) == 2,
-               120, "training past step 20 after the control plane restart", job=name)
+    wait_until(
+        session,
+        lambda: report_step(session, name) >= 20 and len(running_workers(session, name)) == 2,
+        120,
+        "training past step 20 after the control plane restart",
+        job=name,
+    )
     originals = worker_names(session, name)
     node = session.node_of_worker(name)
-    assert local_main(["preempt", "--state-dir", str(session.cluster.dir), node, "--notice", "2",
-                       "--replace-after", "1"]) == 0
+    assert (
+        local_main(
+            [
+                "preempt",
+                "--state-dir",
+                str(session.cluster.dir),
+                node,
+                "--notice",
+                "2",
+                "--replace-after",
+                "1",
+            ]
+        )
+        == 0
+    )
     session.cluster.down(only=["operator"], say=lambda *_: None)
-    wait_until(session, lambda: session.kube.get(f"/api/v1/nodes/{node}") is None, 60, f"{node} to go", job=name)
+    wait_until(
+        session, lambda: session.kube.get(f"/api/v1/nodes/{node}") is None, 60, f"{node} to go", job=name
+    )
     assert worker_names(session, name) <= originals, "a pod was created while the operator was down"
     restart_operator(session.cluster)
 
@@ -84,7 +113,9 @@ def test_control_plane_restart_then_operator_restart_in_the_middle_of_a_preempti
         st = job_status(session, name)
         return st if st.get("phase") in ("Succeeded", "Failed") else None
 
-    st = wait_until(session, finished, 240, "the job to finish after the operator restart", job=name, interval=0.2)
+    st = wait_until(
+        session, finished, 240, "the job to finish after the operator restart", job=name, interval=0.2
+    )
     assert st["phase"] == "Succeeded", st
     assert (st["preemptions"], st["failures"]) == (1, 0), st
     replacements = seen - originals

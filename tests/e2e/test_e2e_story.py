@@ -39,12 +39,25 @@ def baseline(tmp_path_factory):
     """The same trainer config, uninterrupted, straight under torchrun (2 ranks); started at once, in parallel."""
     d = tmp_path_factory.mktemp("baseline")
     flags = [f"--{k}={v}" for k, v in TEST_FLAGS.items() if k != "report"]
-    argv = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", "-m", "ftjob_trainer.train",
-            "--model=tiny", f"--steps={STEPS}", "--global-batch-size=4", "--seq-len=32", *flags,
-            f"--report={d / 'report.json'}", f"--termination-log={d / 'termination.log'}"]
+    argv = [
+        str(BIN / "torchrun"),
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "ftjob_trainer.train",
+        "--model=tiny",
+        f"--steps={STEPS}",
+        "--global-batch-size=4",
+        "--seq-len=32",
+        *flags,
+        f"--report={d / 'report.json'}",
+        f"--termination-log={d / 'termination.log'}",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
     with open(d / "torchrun.log", "w") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=d, start_new_session=True)
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=d, start_new_session=True
+        )
 
     def result() -> str:
         try:
@@ -71,10 +84,16 @@ def preempt(session, node: str, *extra: str) -> float:
 def test_preemption_with_notice_then_hard_preemption(session, baseline):
     name = "story"
     apply(session, tiny_job(name, steps=STEPS))
-    wait_until(session, lambda: report_step(session, name) >= 12 and len(running_workers(session, name)) == 2,
-               180, "two workers training past step 12", job=name)
+    wait_until(
+        session,
+        lambda: report_step(session, name) >= 12 and len(running_workers(session, name)) == 2,
+        180,
+        "two workers training past step 12",
+        job=name,
+    )
     originals = {p["metadata"]["name"] for p in running_workers(session, name)}
     notice_at = preempt(session, session.node_of_worker(name), "--notice", "2", "--replace-after", "1")
+
     # Recovered and past the first periodic checkpoint (every 10 steps) after the resume: then a hard kill, no
     # notice. (The stop step depends on when the notice lands, so it is read from the logs, not assumed.)
     def past_a_periodic_checkpoint_after_the_resume() -> bool:
@@ -83,8 +102,15 @@ def test_preemption_with_notice_then_hard_preemption(session, baseline):
             return False
         next_periodic = (a.resumes[0].from_step // 10 + 1) * 10
         return a.steps[-1][1] >= next_periodic + 3 and len(running_workers(session, name)) == 2
-    wait_until(session, past_a_periodic_checkpoint_after_the_resume, 240,
-               "recovery, then a periodic checkpoint after the resume", job=name, interval=0.5)
+
+    wait_until(
+        session,
+        past_a_periodic_checkpoint_after_the_resume,
+        240,
+        "recovery, then a periodic checkpoint after the resume",
+        job=name,
+        interval=0.5,
+    )
     killed_at = preempt(session, session.node_of_worker(name), "--hard", "--replace-after", "1")
 
     st = wait_finished(session, name, 240)
@@ -147,9 +173,14 @@ def make(seq_len, vocab_size, seed):
 def test_crashing_trainer_spends_failure_budget_with_backoff(session, tmp_path):
     name = "crash"
     (tmp_path / "crashing_data.py").write_text(CRASHING_DATA)
-    docs = tiny_job(name, workers=(1, 1), trainer={"flags": {"data-factory": "crashing_data:make"}}, spec={
-        "failurePolicy": {"maxFailures": 2, "backoffBaseSeconds": 2, "backoffMaxSeconds": 8, "jitter": 0},
-    })
+    docs = tiny_job(
+        name,
+        workers=(1, 1),
+        trainer={"flags": {"data-factory": "crashing_data:make"}},
+        spec={
+            "failurePolicy": {"maxFailures": 2, "backoffBaseSeconds": 2, "backoffMaxSeconds": 8, "jitter": 0},
+        },
+    )
     tpl = docs[1]["spec"]["podTemplate"]
     tpl["env"].append({"name": "PYTHONPATH", "value": "/scripts"})
     tpl["volumes"] = [{"name": "scripts", "hostPath": {"path": str(tmp_path), "type": "Directory"}}]
@@ -172,11 +203,15 @@ def test_crashing_trainer_spends_failure_budget_with_backoff(session, tmp_path):
                 seen.setdefault(int(p["metadata"]["labels"]["ftjob.dev/restart-generation"]), now)
         # Fail fast, saying why, when the crashes never leave the pod.
         logs = session.cluster.dir / "logs" / session.ns
-        crashes = sum(f.read_text(errors="replace").count("training failed")
-                      for f in logs.glob(f"{name}-worker-*/trainer*.log"))
+        crashes = sum(
+            f.read_text(errors="replace").count("training failed")
+            for f in logs.glob(f"{name}-worker-*/trainer*.log")
+        )
         if crashes > 10 and not st.get("failures"):
-            pytest.fail(f"the trainer crashed {crashes} times inside its pod (torchrun restarted it each time) and "
-                        "the operator counted no failure")
+            pytest.fail(
+                f"the trainer crashed {crashes} times inside its pod (torchrun restarted it each time) and "
+                "the operator counted no failure"
+            )
         return st if st.get("phase") in ("Succeeded", "Failed") else None
 
     st = wait_until(session, finished, 180, "the crashing job to end", job=name, interval=0.2)

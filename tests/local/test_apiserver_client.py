@@ -24,29 +24,49 @@ WIDGET_CRD = {
         "group": "test.ftjob.dev",
         "scope": "Namespaced",
         "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "shortNames": ["wd"]},
-        "versions": [{
-            "name": "v1", "served": True, "storage": True,
-            "subresources": {"status": {}, "scale": {"specReplicasPath": ".spec.replicas",
-                                                     "statusReplicasPath": ".status.replicas"}},
-            "schema": {"openAPIV3Schema": {
-                "type": "object",
-                "properties": {
-                    "spec": {
-                        "type": "object", "required": ["image"],
-                        "x-kubernetes-validations": [{"rule": "self.minReplicas <= self.replicas",
-                                                      "message": "minReplicas must not exceed replicas"}],
-                        "properties": {
-                            "image": {"type": "string", "minLength": 1},
-                            "replicas": {"type": "integer", "minimum": 0, "maximum": 10, "default": 1},
-                            "minReplicas": {"type": "integer", "minimum": 0, "default": 0},
-                            "mode": {"type": "string", "enum": ["fast", "slow"], "default": "fast"},
-                        },
-                    },
-                    "status": {"type": "object", "properties": {"replicas": {"type": "integer"},
-                                                                 "phase": {"type": "string"}}},
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "subresources": {
+                    "status": {},
+                    "scale": {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas"},
                 },
-            }},
-        }],
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {
+                                "type": "object",
+                                "required": ["image"],
+                                "x-kubernetes-validations": [
+                                    {
+                                        "rule": "self.minReplicas <= self.replicas",
+                                        "message": "minReplicas must not exceed replicas",
+                                    }
+                                ],
+                                "properties": {
+                                    "image": {"type": "string", "minLength": 1},
+                                    "replicas": {
+                                        "type": "integer",
+                                        "minimum": 0,
+                                        "maximum": 10,
+                                        "default": 1,
+                                    },
+                                    "minReplicas": {"type": "integer", "minimum": 0, "default": 0},
+                                    "mode": {"type": "string", "enum": ["fast", "slow"], "default": "fast"},
+                                },
+                            },
+                            "status": {
+                                "type": "object",
+                                "properties": {"replicas": {"type": "integer"}, "phase": {"type": "string"}},
+                            },
+                        },
+                    }
+                },
+            }
+        ],
     },
 }
 
@@ -83,12 +103,17 @@ def api(server):
 
 
 def pod_body(name: str, labels: dict | None = None, **spec) -> dict:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels or {}},
-            "spec": {"containers": [{"name": "main", "image": "python:3.12", "command": ["true"]}], **spec}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": {"containers": [{"name": "main", "image": "python:3.12", "command": ["true"]}], **spec},
+    }
 
 
 def status_of(exc: ApiException) -> tuple[int, str]:
     import json
+
     return exc.status, json.loads(exc.body)["reason"]
 
 
@@ -137,22 +162,29 @@ def test_pod_crud_selectors_conflict_and_errors(api):
     assert status_of(e.value) == (409, "Conflict")
     assert "the object has been modified" in e.value.body
 
-    generated = core.create_namespaced_config_map(NS, {"metadata": {"generateName": "gen-"}, "data": {"k": "v"}})
+    generated = core.create_namespaced_config_map(
+        NS, {"metadata": {"generateName": "gen-"}, "data": {"k": "v"}}
+    )
     assert generated.metadata.name.startswith("gen-") and len(generated.metadata.name) == 9
 
 
 def test_invalid_objects_are_refused_with_causes(api):
     import json
+
     core = client.CoreV1Api(api)
     with pytest.raises(ApiException) as e:
-        core.create_namespaced_pod(NS, {"metadata": {"name": "Bad_Name"}, "spec": {"containers": [{"name": "m"}]}})
+        core.create_namespaced_pod(
+            NS, {"metadata": {"name": "Bad_Name"}, "spec": {"containers": [{"name": "m"}]}}
+        )
     body = json.loads(e.value.body)
     assert e.value.status == 422 and body["reason"] == "Invalid"
     fields = {c["field"] for c in body["details"]["causes"]}
     assert fields == {"metadata.name", "spec.containers[0].image"}
     assert core.list_namespaced_pod(NS).items == []
     with pytest.raises(ApiException) as e:
-        core.create_namespaced_config_map(NS, {"metadata": {"name": "c", "labels": {"a": "x" * 64, "b/c/d": "1"}}})
+        core.create_namespaced_config_map(
+            NS, {"metadata": {"name": "c", "labels": {"a": "x" * 64, "b/c/d": "1"}}}
+        )
     causes = json.loads(e.value.body)["details"]["causes"]
     assert [c["field"] for c in causes] == ["metadata.labels", "metadata.labels"]
     assert "must be no more than 63 characters" in causes[0]["message"]
@@ -166,11 +198,14 @@ def test_patch_types(api):
     pod = core.read_namespaced_pod("p", NS)
     assert pod.spec.containers[0].image == "python:3.13" and pod.spec.containers[0].command == ["true"]
     with pytest.raises(ApiException) as e:
-        core.patch_namespaced_pod("p", NS, {"spec": {"containers": [{"name": "main", "env": [{"name": "X"}]}]}})
+        core.patch_namespaced_pod(
+            "p", NS, {"spec": {"containers": [{"name": "main", "env": [{"name": "X"}]}]}}
+        )
     assert status_of(e.value) == (422, "Invalid") and "pod updates may not change fields" in e.value.body
     # JSON merge patch: null removes
-    core.patch_namespaced_pod("p", NS, {"metadata": {"labels": {"a": None, "b": "2"}}},
-                              _content_type="application/merge-patch+json")
+    core.patch_namespaced_pod(
+        "p", NS, {"metadata": {"labels": {"a": None, "b": "2"}}}, _content_type="application/merge-patch+json"
+    )
     assert core.read_namespaced_pod("p", NS).metadata.labels == {"b": "2"}
     # JSON patch (the client picks json-patch for a list body)
     core.patch_namespaced_pod("p", NS, [{"op": "add", "path": "/metadata/annotations", "value": {"n": "1"}}])
@@ -189,8 +224,14 @@ def test_watch_from_resource_version_selectors_and_bookmarks(api, monkeypatch):
     w = watch.Watch()
 
     def run():
-        for ev in w.stream(core.list_namespaced_config_map, NS, label_selector="w=1", resource_version=rv,
-                           timeout_seconds=10, allow_watch_bookmarks=True):
+        for ev in w.stream(
+            core.list_namespaced_config_map,
+            NS,
+            label_selector="w=1",
+            resource_version=rv,
+            timeout_seconds=10,
+            allow_watch_bookmarks=True,
+        ):
             if ev["type"] == "BOOKMARK":
                 seen.append(("BOOKMARK", ""))
                 continue
@@ -225,8 +266,9 @@ def test_watch_without_resource_version_lists_existing_first(api):
 
 def bound_pod(core, name: str, **kw) -> None:
     core.create_namespaced_pod(NS, pod_body(name, **kw))
-    core.create_namespaced_binding(NS, {"metadata": {"name": name}, "target": {"kind": "Node", "name": "n1"}},
-                                   _preload_content=False)
+    core.create_namespaced_binding(
+        NS, {"metadata": {"name": name}, "target": {"kind": "Node", "name": "n1"}}, _preload_content=False
+    )
 
 
 def test_graceful_pod_deletion(api):
@@ -249,9 +291,13 @@ def test_eviction_marks_disruption_target_and_respects_pdb(api):
     policy = client.PolicyV1Api(api)
     for n in ("e1", "e2"):
         bound_pod(core, n, labels={"app": "e"})
-        core.patch_namespaced_pod_status(n, NS, {"status": {"conditions": [{"type": "Ready", "status": "True"}]}})
-    policy.create_namespaced_pod_disruption_budget(NS, {"metadata": {"name": "pdb"}, "spec": {
-        "minAvailable": 2, "selector": {"matchLabels": {"app": "e"}}}})
+        core.patch_namespaced_pod_status(
+            n, NS, {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+        )
+    policy.create_namespaced_pod_disruption_budget(
+        NS,
+        {"metadata": {"name": "pdb"}, "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "e"}}}},
+    )
     eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "e1", "namespace": NS}}
     with pytest.raises(ApiException) as e:
         core.create_namespaced_pod_eviction("e1", NS, eviction)
@@ -278,9 +324,20 @@ def test_finalizers_hold_deletion(api):
 
 
 def owned(name: str, owner) -> dict:
-    return {"metadata": {"name": name, "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap",
-                                                            "name": owner.metadata.name, "uid": owner.metadata.uid,
-                                                            "blockOwnerDeletion": True}]}}
+    return {
+        "metadata": {
+            "name": name,
+            "ownerReferences": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "name": owner.metadata.name,
+                    "uid": owner.metadata.uid,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        }
+    }
 
 
 def test_garbage_collection_background_foreground_orphan(api):
@@ -302,8 +359,11 @@ def test_garbage_collection_background_foreground_orphan(api):
     pod = pod_body("dep-pod")
     pod["metadata"].update(owned("dep-pod", owner)["metadata"])
     core.create_namespaced_pod(NS, pod)
-    core.create_namespaced_binding(NS, {"metadata": {"name": "dep-pod"}, "target": {"kind": "Node", "name": "n1"}},
-                                   _preload_content=False)
+    core.create_namespaced_binding(
+        NS,
+        {"metadata": {"name": "dep-pod"}, "target": {"kind": "Node", "name": "n1"}},
+        _preload_content=False,
+    )
     core.delete_namespaced_config_map("owner", NS, propagation_policy="Foreground")
     waiting = core.read_namespaced_config_map("owner", NS)
     assert "foregroundDeletion" in waiting.metadata.finalizers and waiting.metadata.deletion_timestamp
@@ -317,7 +377,9 @@ def test_namespace_deletion_removes_contents(api):
     core.create_namespace({"metadata": {"name": "tmp"}})
     core.create_namespaced_config_map("tmp", {"metadata": {"name": "c"}})
     core.delete_namespace("tmp")
-    wait_for(lambda: "tmp" not in {n.metadata.name for n in core.list_namespace().items}, what="namespace gone")
+    wait_for(
+        lambda: "tmp" not in {n.metadata.name for n in core.list_namespace().items}, what="namespace gone"
+    )
     with pytest.raises(ApiException):
         core.read_namespaced_config_map("c", "tmp")
 
@@ -326,7 +388,9 @@ def test_services_get_cluster_ips_from_the_local_range(api):
     core = client.CoreV1Api(api)
     ips = set()
     for n in ("s1", "s2"):
-        svc = core.create_namespaced_service(NS, {"metadata": {"name": n}, "spec": {"ports": [{"port": 29400}]}})
+        svc = core.create_namespaced_service(
+            NS, {"metadata": {"name": n}, "spec": {"ports": [{"port": 29400}]}}
+        )
         assert svc.spec.cluster_ip.startswith("127.96.") and svc.spec.ports[0].target_port == 29400
         ips.add(svc.spec.cluster_ip)
     assert len(ips) == 2
@@ -347,21 +411,39 @@ def test_custom_resources_schema_status_scale_and_generation(api):
     assert {c.type: c.status for c in crd.status.conditions}["Established"] == "True"
     co = client.CustomObjectsApi(api)
     args = ("test.ftjob.dev", "v1", NS, "widgets")
-    w = co.create_namespaced_custom_object(*args, {"apiVersion": "test.ftjob.dev/v1", "kind": "Widget",
-                                                   "metadata": {"name": "w"}, "spec": {"image": "i", "extra": 1},
-                                                   "status": {"phase": "ignored"}})
+    w = co.create_namespaced_custom_object(
+        *args,
+        {
+            "apiVersion": "test.ftjob.dev/v1",
+            "kind": "Widget",
+            "metadata": {"name": "w"},
+            "spec": {"image": "i", "extra": 1},
+            "status": {"phase": "ignored"},
+        },
+    )
     assert w["spec"] == {"image": "i", "replicas": 1, "minReplicas": 0, "mode": "fast"}  # pruned + defaulted
     assert "status" not in w and w["metadata"]["generation"] == 1
     with pytest.raises(ApiException) as e:
-        co.create_namespaced_custom_object(*args, {"apiVersion": "test.ftjob.dev/v1", "kind": "Widget",
-                                                   "metadata": {"name": "bad"},
-                                                   "spec": {"replicas": 3, "minReplicas": 5}})
+        co.create_namespaced_custom_object(
+            *args,
+            {
+                "apiVersion": "test.ftjob.dev/v1",
+                "kind": "Widget",
+                "metadata": {"name": "bad"},
+                "spec": {"replicas": 3, "minReplicas": 5},
+            },
+        )
     assert e.value.status == 422
-    assert "spec.image: Required value" in e.value.body and "minReplicas must not exceed replicas" in e.value.body
+    assert (
+        "spec.image: Required value" in e.value.body
+        and "minReplicas must not exceed replicas" in e.value.body
+    )
 
     s = co.patch_namespaced_custom_object_status(*args, "w", {"status": {"phase": "Running", "replicas": 1}})
     assert s["status"]["phase"] == "Running" and s["metadata"]["generation"] == 1
-    w = co.patch_namespaced_custom_object(*args, "w", {"status": {"phase": "ignored"}, "spec": {"mode": "slow"}})
+    w = co.patch_namespaced_custom_object(
+        *args, "w", {"status": {"phase": "ignored"}, "spec": {"mode": "slow"}}
+    )
     assert w["status"]["phase"] == "Running" and w["metadata"]["generation"] == 2
 
     scale = co.get_namespaced_custom_object_scale(*args, "w")
@@ -403,8 +485,17 @@ def test_state_survives_restart_and_old_watch_gets_410(tmp_path):
             core = client.CoreV1Api(c)
             client.ApiextensionsV1Api(c).create_custom_resource_definition(WIDGET_CRD)
             client.CustomObjectsApi(c).create_namespaced_custom_object(
-                "test.ftjob.dev", "v1", NS, "widgets", {"apiVersion": "test.ftjob.dev/v1", "kind": "Widget",
-                                                        "metadata": {"name": "keep"}, "spec": {"image": "i"}})
+                "test.ftjob.dev",
+                "v1",
+                NS,
+                "widgets",
+                {
+                    "apiVersion": "test.ftjob.dev/v1",
+                    "kind": "Widget",
+                    "metadata": {"name": "keep"},
+                    "spec": {"image": "i"},
+                },
+            )
             cm = core.create_namespaced_config_map(NS, {"metadata": {"name": "keep"}, "data": {"a": "b"}})
             old_rv = cm.metadata.resource_version
             core.patch_namespaced_config_map("keep", NS, {"data": {"a": "c"}})
@@ -418,13 +509,18 @@ def test_state_survives_restart_and_old_watch_gets_410(tmp_path):
             core = client.CoreV1Api(c)
             kept = core.read_namespaced_config_map("keep", NS)
             assert kept.data == {"a": "c"} and int(kept.metadata.resource_version) > int(old_rv)
-            w = client.CustomObjectsApi(c).get_namespaced_custom_object("test.ftjob.dev", "v1", NS, "widgets", "keep")
+            w = client.CustomObjectsApi(c).get_namespaced_custom_object(
+                "test.ftjob.dev", "v1", NS, "widgets", "keep"
+            )
             assert w["spec"]["replicas"] == 1
             fresh = core.create_namespaced_config_map(NS, {"metadata": {"name": "new"}})
             assert int(fresh.metadata.resource_version) > int(kept.metadata.resource_version)
-            with pytest.raises(ApiException) as e:  # history before the restart is gone: the client must relist
-                for _ in watch.Watch().stream(core.list_namespaced_config_map, NS, resource_version=old_rv,
-                                              timeout_seconds=5):
+            with pytest.raises(
+                ApiException
+            ) as e:  # history before the restart is gone: the client must relist
+                for _ in watch.Watch().stream(
+                    core.list_namespaced_config_map, NS, resource_version=old_rv, timeout_seconds=5
+                ):
                     pass
             assert e.value.status == 410
     finally:
@@ -438,9 +534,15 @@ def test_unknown_fields_warn_by_default_and_multiple_versions_share_storage(api)
     crd["spec"]["versions"].append(v2)
     client.ApiextensionsV1Api(api).create_custom_resource_definition(crd)
     co = client.CustomObjectsApi(api)
-    body = {"apiVersion": "test.ftjob.dev/v1", "kind": "Widget", "metadata": {"name": "w"},
-            "spec": {"image": "i", "junk": 1}}
-    _, status, headers = co.create_namespaced_custom_object_with_http_info("test.ftjob.dev", "v1", NS, "widgets", body)
+    body = {
+        "apiVersion": "test.ftjob.dev/v1",
+        "kind": "Widget",
+        "metadata": {"name": "w"},
+        "spec": {"image": "i", "junk": 1},
+    }
+    _, status, headers = co.create_namespaced_custom_object_with_http_info(
+        "test.ftjob.dev", "v1", NS, "widgets", body
+    )
     assert status == 201 and 'unknown field \\"spec.junk\\"' in headers["Warning"]
     stored = co.get_namespaced_custom_object("test.ftjob.dev", "v2", NS, "widgets", "w")
     assert stored["apiVersion"] == "test.ftjob.dev/v2" and "junk" not in stored["spec"]
@@ -451,16 +553,21 @@ def test_watch_ends_after_timeout_seconds_and_bad_requests_get_status_errors(ser
     import json
     import urllib.error
     import urllib.request
+
     core = client.CoreV1Api(api)
     rv = core.list_namespaced_config_map(NS).metadata.resource_version
     started = time.monotonic()
-    events = list(watch.Watch().stream(core.list_namespaced_config_map, NS, resource_version=rv, timeout_seconds=1,
-                                       _request_timeout=10))
+    events = list(
+        watch.Watch().stream(
+            core.list_namespaced_config_map, NS, resource_version=rv, timeout_seconds=1, _request_timeout=10
+        )
+    )
     assert events == [] and 0.9 <= time.monotonic() - started < 5
 
     def status(method: str, path: str, body: bytes | None = None) -> dict:
-        req = urllib.request.Request(server.url + path, data=body, method=method,
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            server.url + path, data=body, method=method, headers={"Content-Type": "application/json"}
+        )
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(req, timeout=10)
         return json.loads(e.value.read())
@@ -477,10 +584,18 @@ def test_watch_ends_after_timeout_seconds_and_bad_requests_get_status_errors(ser
 
 def test_events_expire_after_the_event_ttl(server, api):
     import datetime as dt
+
     core = client.CoreV1Api(api)
     ref = {"kind": "Pod", "name": "p", "namespace": NS}
-    core.create_namespaced_event(NS, {"metadata": {"name": "old"}, "involvedObject": ref, "reason": "R",
-                                      "lastTimestamp": "2020-01-01T00:00:00Z"})
+    core.create_namespaced_event(
+        NS,
+        {
+            "metadata": {"name": "old"},
+            "involvedObject": ref,
+            "reason": "R",
+            "lastTimestamp": "2020-01-01T00:00:00Z",
+        },
+    )
     core.create_namespaced_event(NS, {"metadata": {"name": "new"}, "involvedObject": ref, "reason": "R"})
     assert server.call(server.server.expire_events, dt.datetime.now(dt.timezone.utc)) == 1
     assert [e.metadata.name for e in core.list_namespaced_event(NS).items] == ["new"]
@@ -491,6 +606,7 @@ def test_many_concurrent_watchers_each_see_every_event(server, api):
     import json
 
     import aiohttp
+
     core = client.CoreV1Api(api)
     rv = core.list_namespaced_config_map(NS).metadata.resource_version
     n_watchers, n_objects = 40, 15
@@ -508,9 +624,15 @@ def test_many_concurrent_watchers_each_see_every_event(server, api):
     async def main() -> list[list[str]]:
         async with aiohttp.ClientSession() as session:
             tasks = [asyncio.create_task(watcher(session)) for _ in range(n_watchers)]
-            await asyncio.sleep(0)  # the watches start; creating before they connect is fine too (history replay)
-            await asyncio.to_thread(lambda: [core.create_namespaced_config_map(NS, {"metadata": {"name": f"c{i}"}})
-                                             for i in range(n_objects)])
+            await asyncio.sleep(
+                0
+            )  # the watches start; creating before they connect is fine too (history replay)
+            await asyncio.to_thread(
+                lambda: [
+                    core.create_namespaced_config_map(NS, {"metadata": {"name": f"c{i}"}})
+                    for i in range(n_objects)
+                ]
+            )
             return await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
 
     results = asyncio.run(main())
@@ -519,7 +641,9 @@ def test_many_concurrent_watchers_each_see_every_event(server, api):
 
 def test_server_side_dry_run_changes_nothing(api):
     core = client.CoreV1Api(api)
-    dry = core.create_namespaced_config_map(NS, {"metadata": {"name": "dry"}, "data": {"a": "1"}}, dry_run="All")
+    dry = core.create_namespaced_config_map(
+        NS, {"metadata": {"name": "dry"}, "data": {"a": "1"}}, dry_run="All"
+    )
     assert dry.metadata.uid and not core.list_namespaced_config_map(NS).items
     core.create_namespaced_config_map(NS, {"metadata": {"name": "real"}, "data": {"a": "1"}})
     patched = core.patch_namespaced_config_map("real", NS, {"data": {"a": "2"}}, dry_run="All")

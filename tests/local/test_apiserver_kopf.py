@@ -65,8 +65,15 @@ def test_kopf_operator_reconciles_widgets(tmp_path, monkeypatch):
         client.ApiextensionsV1Api(api).create_custom_resource_definition(WIDGET_CRD)
         co = client.CustomObjectsApi(api)
         with KopfRunner(["run", "--standalone", "--all-namespaces", str(operator)], timeout=60) as runner:
-            co.create_namespaced_custom_object(*ARGS, {"apiVersion": "test.ftjob.dev/v1", "kind": "Widget",
-                                                       "metadata": {"name": "w"}, "spec": {"image": "i"}})
+            co.create_namespaced_custom_object(
+                *ARGS,
+                {
+                    "apiVersion": "test.ftjob.dev/v1",
+                    "kind": "Widget",
+                    "metadata": {"name": "w"},
+                    "spec": {"image": "i"},
+                },
+            )
 
             def phase():
                 return (co.get_namespaced_custom_object(*ARGS, "w").get("status") or {}).get("phase")
@@ -75,8 +82,13 @@ def test_kopf_operator_reconciles_widgets(tmp_path, monkeypatch):
             obj = co.get_namespaced_custom_object(*ARGS, "w")
             assert obj["metadata"]["finalizers"] == ["kopf.zalando.org/KopfFinalizerMarker"]
             core = client.CoreV1Api(api)
-            wait_for(lambda: any(e.involved_object.name == "w" and "widget created" in e.message
-                                 for e in core.list_namespaced_event("default").items), what="kopf's event")
+            wait_for(
+                lambda: any(
+                    e.involved_object.name == "w" and "widget created" in e.message
+                    for e in core.list_namespaced_event("default").items
+                ),
+                what="kopf's event",
+            )
 
             co.patch_namespaced_custom_object(*ARGS, "w", {"spec": {"mode": "slow"}})
             wait_for(lambda: phase() == "Mode-slow", what="kopf's update handler")

@@ -97,14 +97,16 @@ def cluster(tmp_path_factory):
     state = tmp_path_factory.mktemp("apiserver")
     handle = start_in_thread(str(state / "state"))
     kubeconfig = state / "kubeconfig"
-    kubeconfig.write_text(textwrap.dedent(f"""\
+    kubeconfig.write_text(
+        textwrap.dedent(f"""\
         apiVersion: v1
         kind: Config
         clusters: [{{name: local, cluster: {{server: "{handle.url}"}}}}]
         contexts: [{{name: local, context: {{cluster: local, user: local, namespace: default}}}}]
         users: [{{name: local, user: {{}}}}]
         current-context: local
-        """))
+        """)
+    )
     try:
         yield handle, kubeconfig, state
     finally:
@@ -114,10 +116,18 @@ def cluster(tmp_path_factory):
 def kubectl(cluster, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
     _, kubeconfig, state = cluster
     env = dict(os.environ, KUBECACHEDIR=str(state / "kubecache"), HOME=str(state))
-    proc = subprocess.run([KUBECTL, "--kubeconfig", str(kubeconfig), *args], input=stdin, capture_output=True,
-                          text=True, timeout=60, env=env)
+    proc = subprocess.run(
+        [KUBECTL, "--kubeconfig", str(kubeconfig), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     if check and proc.returncode != 0:
-        raise AssertionError(f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
+        raise AssertionError(
+            f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}"
+        )
     return proc
 
 
@@ -131,7 +141,12 @@ def test_apply_get_describe_label_annotate_delete_core_objects(cluster):
     assert "unchanged" in kubectl(cluster, "apply", "-f", "-", stdin=CORE).stdout
 
     rows = table(kubectl(cluster, "get", "pods").stdout)
-    assert rows[0] == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"] and rows[1][:4] == ["web", "0/1", "Pending", "0"]
+    assert rows[0] == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"] and rows[1][:4] == [
+        "web",
+        "0/1",
+        "Pending",
+        "0",
+    ]
     svc = table(kubectl(cluster, "get", "svc", "web").stdout)
     assert svc[0][:3] == ["NAME", "TYPE", "CLUSTER-IP"] and svc[1][2].startswith("127.96.")
     assert svc[1][4] == "80/TCP"
@@ -143,7 +158,9 @@ def test_apply_get_describe_label_annotate_delete_core_objects(cluster):
     assert pod["spec"]["containers"][0]["image"] == "python:3.13"
     assert pod["spec"]["containers"][0]["env"] == [{"name": "A", "value": "1"}]
     # ...but like a real cluster, the rest of a pod's spec is fixed
-    refused = kubectl(cluster, "apply", "-f", "-", stdin=changed.replace('value: "1"', 'value: "2"'), check=False)
+    refused = kubectl(
+        cluster, "apply", "-f", "-", stdin=changed.replace('value: "1"', 'value: "2"'), check=False
+    )
     assert refused.returncode != 0 and "pod updates may not change fields" in refused.stderr
 
     kubectl(cluster, "label", "pod", "web", "tier=front")
@@ -170,9 +187,24 @@ def test_get_watch_streams_changes(cluster):
     _, kubeconfig, state = cluster
     kubectl(cluster, "create", "configmap", "watched", "--from-literal=a=1")
     env = dict(os.environ, KUBECACHEDIR=str(state / "kubecache"), HOME=str(state))
-    proc = subprocess.Popen([KUBECTL, "--kubeconfig", str(kubeconfig), "get", "configmaps", "watched", "-w",
-                             "-o", "custom-columns=NAME:.metadata.name,A:.data.a", "--no-headers"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            KUBECTL,
+            "--kubeconfig",
+            str(kubeconfig),
+            "get",
+            "configmaps",
+            "watched",
+            "-w",
+            "-o",
+            "custom-columns=NAME:.metadata.name,A:.data.a",
+            "--no-headers",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         assert proc.stdout.readline().split() == ["watched", "1"]
         kubectl(cluster, "patch", "configmap", "watched", "-p", '{"data":{"a":"2"}}')
@@ -185,7 +217,9 @@ def test_get_watch_streams_changes(cluster):
 
 def test_crd_custom_resource_printer_columns_scale_annotate_describe(cluster):
     assert "created" in kubectl(cluster, "apply", "-f", "-", stdin=WIDGET_CRD).stdout
-    cr = "apiVersion: test.ftjob.dev/v1\nkind: Widget\nmetadata: {name: w1}\nspec: {image: img, replicas: 2}\n"
+    cr = (
+        "apiVersion: test.ftjob.dev/v1\nkind: Widget\nmetadata: {name: w1}\nspec: {image: img, replicas: 2}\n"
+    )
     assert "widget.test.ftjob.dev/w1 created" in kubectl(cluster, "apply", "-f", "-", stdin=cr).stdout
     rows = table(kubectl(cluster, "get", "wd").stdout)
     assert rows[0] == ["NAME", "REPLICAS", "MODE", "AGE"] and rows[1][:3] == ["w1", "2", "fast"]
@@ -208,14 +242,17 @@ def test_crd_custom_resource_printer_columns_scale_annotate_describe(cluster):
     assert "No resources found" in kubectl(cluster, "get", "wd").stderr
 
 
-@pytest.mark.parametrize("spec,name,expected", [
-    ("{image: img, bogus: 1}", "w-unknown", 'unknown field "spec.bogus"'),
-    ("{image: img, replicas: 20}", "w-big", "spec.replicas in body should be less than or equal to 10"),
-    ("{image: img, replicas: 1, minReplicas: 3}", "w-minmax", "minReplicas must not exceed replicas"),
-    ("{image: img, mode: medium}", "w-enum", 'Unsupported value: "medium"'),
-    ("{replicas: 1}", "w-noimage", "spec.image: Required value"),
-    ("{image: img}", "w" * 30, "metadata.name must be at most 20 characters"),
-])
+@pytest.mark.parametrize(
+    "spec,name,expected",
+    [
+        ("{image: img, bogus: 1}", "w-unknown", 'unknown field "spec.bogus"'),
+        ("{image: img, replicas: 20}", "w-big", "spec.replicas in body should be less than or equal to 10"),
+        ("{image: img, replicas: 1, minReplicas: 3}", "w-minmax", "minReplicas must not exceed replicas"),
+        ("{image: img, mode: medium}", "w-enum", 'Unsupported value: "medium"'),
+        ("{replicas: 1}", "w-noimage", "spec.image: Required value"),
+        ("{image: img}", "w" * 30, "metadata.name must be at most 20 characters"),
+    ],
+)
 def test_invalid_custom_resource_is_refused_with_a_clear_message(cluster, spec, name, expected):
     kubectl(cluster, "apply", "-f", "-", stdin=WIDGET_CRD)
     cr = f"apiVersion: test.ftjob.dev/v1\nkind: Widget\nmetadata: {{name: {name}}}\nspec: {spec}\n"
@@ -235,7 +272,9 @@ def test_logs(cluster):
     kubectl(cluster, "delete", "pod", "web")
 
 
-@pytest.mark.skipif(not (REPO / "crds" / "trainingjobs.ftjob.dev.yaml").exists(), reason="no TrainingJob CRD yet")
+@pytest.mark.skipif(
+    not (REPO / "crds" / "trainingjobs.ftjob.dev.yaml").exists(), reason="no TrainingJob CRD yet"
+)
 def test_the_real_trainingjob_crd_and_example(cluster):
     kubectl(cluster, "apply", "-f", str(REPO / "crds"))
     example = REPO / "examples" / "local-tiny.yaml"
@@ -253,7 +292,8 @@ def test_helm_install_upgrade_uninstall(cluster, tmp_path):
     (chart / "templates").mkdir(parents=True)
     (chart / "Chart.yaml").write_text("apiVersion: v2\nname: demo\nversion: 0.1.0\n")
     (chart / "values.yaml").write_text("replicas: 1\n")
-    (chart / "templates" / "all.yaml").write_text(textwrap.dedent("""\
+    (chart / "templates" / "all.yaml").write_text(
+        textwrap.dedent("""\
         apiVersion: v1
         kind: ServiceAccount
         metadata: {name: demo}
@@ -280,13 +320,24 @@ def test_helm_install_upgrade_uninstall(cluster, tmp_path):
             spec:
               serviceAccountName: demo
               containers: [{name: demo, image: demo:1}]
-        """))
-    env = dict(os.environ, HOME=str(state), HELM_CACHE_HOME=str(state / "helm"), HELM_CONFIG_HOME=str(state / "helm"),
-               HELM_DATA_HOME=str(state / "helm"))
+        """)
+    )
+    env = dict(
+        os.environ,
+        HOME=str(state),
+        HELM_CACHE_HOME=str(state / "helm"),
+        HELM_CONFIG_HOME=str(state / "helm"),
+        HELM_DATA_HOME=str(state / "helm"),
+    )
 
     def helm(*args: str) -> str:
-        proc = subprocess.run([HELM, "--kubeconfig", str(kubeconfig), *args], capture_output=True, text=True,
-                              timeout=60, env=env)
+        proc = subprocess.run(
+            [HELM, "--kubeconfig", str(kubeconfig), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return proc.stdout
 
@@ -307,11 +358,22 @@ def test_rbac_with_kubectl_impersonation_and_tokens(cluster):
     kubectl(cluster, "create", "namespace", "team")
     kubectl(cluster, "create", "serviceaccount", "bot", "-n", "team")
     kubectl(cluster, "create", "role", "pod-reader", "--verb=get,list", "--resource=pods", "-n", "team")
-    kubectl(cluster, "create", "rolebinding", "bot-reads", "--role=pod-reader", "--serviceaccount=team:bot",
-            "-n", "team")
+    kubectl(
+        cluster,
+        "create",
+        "rolebinding",
+        "bot-reads",
+        "--role=pod-reader",
+        "--serviceaccount=team:bot",
+        "-n",
+        "team",
+    )
     bot = "--as=system:serviceaccount:team:bot"
     assert kubectl(cluster, "auth", "can-i", "list", "pods", "-n", "team", bot).stdout.strip() == "yes"
-    assert kubectl(cluster, "auth", "can-i", "delete", "pods", "-n", "team", bot, check=False).stdout.strip() == "no"
+    assert (
+        kubectl(cluster, "auth", "can-i", "delete", "pods", "-n", "team", bot, check=False).stdout.strip()
+        == "no"
+    )
     denied = kubectl(cluster, "get", "secrets", "-n", "team", bot, check=False)
     assert denied.returncode != 0 and 'cannot list resource "secrets"' in denied.stderr
     # kubectl (client-go) sends credentials only over https, so the token `kubectl create token` prints is used

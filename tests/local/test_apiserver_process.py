@@ -16,8 +16,12 @@ pytestmark = pytest.mark.slow
 
 def test_module_entry_point_serves_and_stops_on_sigterm(tmp_path):
     state = tmp_path / "state"
-    proc = subprocess.Popen([sys.executable, "-m", "ftjob_local.apiserver", "--state-dir", str(state), "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ftjob_local.apiserver", "--state-dir", str(state), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         url_file = state / "apiserver.url"
         deadline = time.monotonic() + 30

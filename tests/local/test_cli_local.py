@@ -16,8 +16,10 @@ from ftjob_local.node.api import Kube, wait_for
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(importlib.util.find_spec("ftjob_local.apiserver.__main__") is None,
-                       reason="the local API server (ftjob_local.apiserver) is not in this build yet"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("ftjob_local.apiserver.__main__") is None,
+        reason="the local API server (ftjob_local.apiserver) is not in this build yet",
+    ),
 ]
 NS = "default"
 PY = sys.executable
@@ -65,11 +67,23 @@ def cluster(tmp_path, capsys):
 
 def spot_pod(kube: Kube, node: str, marker, grace: int = 10) -> dict:
     name = f"w-{uuid.uuid4().hex[:6]}"
-    return kube.request("POST", f"/api/v1/namespaces/{NS}/pods", body={
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-        "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": grace,
-                 "nodeSelector": {"kubernetes.io/hostname": node},
-                 "containers": [{"name": "main", "image": "trainer", "command": [PY, "-c", SAVER, str(marker)]}]}})
+    return kube.request(
+        "POST",
+        f"/api/v1/namespaces/{NS}/pods",
+        body={
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": grace,
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "containers": [
+                    {"name": "main", "image": "trainer", "command": [PY, "-c", SAVER, str(marker)]}
+                ],
+            },
+        },
+    )
 
 
 def pod_pid(cluster: LocalCluster, pod: dict) -> int:
@@ -116,7 +130,9 @@ def test_preempt_with_notice(cluster, tmp_path, capsys):
     wait_for(lambda: marker.exists(), 30, what="pod process")
     pid = pod_pid(cluster, pod)
     t0 = time.monotonic()
-    assert main(["preempt", str(cluster.dir), "local-spot-0", "--notice", "1.5", "--replace-after", "0.5"]) == 0
+    assert (
+        main(["preempt", str(cluster.dir), "local-spot-0", "--notice", "1.5", "--replace-after", "0.5"]) == 0
+    )
     assert time.monotonic() - t0 < 5, "preempt returns at once unless --wait"
     node = kube.get("/api/v1/nodes/local-spot-0")
     assert any(t["key"] == SPOT_TAINT and t["effect"] == "NoSchedule" for t in node["spec"]["taints"])
@@ -127,24 +143,36 @@ def test_preempt_with_notice(cluster, tmp_path, capsys):
 
     def disrupted():
         p = kube.get(f"/api/v1/namespaces/{NS}/pods/{name}")
-        c = next((c for c in (p or {}).get("status", {}).get("conditions") or [] if c["type"] == "DisruptionTarget"),
-                 None)
+        c = next(
+            (
+                c
+                for c in (p or {}).get("status", {}).get("conditions") or []
+                if c["type"] == "DisruptionTarget"
+            ),
+            None,
+        )
         return (p, c) if c else None
+
     p, c = wait_for(disrupted, 10, interval=0.05, what="DisruptionTarget")
     assert time.monotonic() - t0 >= 1.4
     assert c["status"] == "True" and c["reason"] == "TerminationByKubelet"
+
     # The condition is set just before the graceful delete (as the kubelet does): wait for the delete to land.
     def deleting():
         p = kube.get(f"/api/v1/namespaces/{NS}/pods/{name}")
         return p is None or bool(p["metadata"].get("deletionTimestamp"))
+
     wait_for(deleting, 10, interval=0.05, what="deletionTimestamp after DisruptionTarget")
     wait_for(lambda: marker.read_text() in ("TERM", "saved"), 10, what="SIGTERM in the pod")
     wait_for(lambda: "local-spot-0" not in node_names(kube), 20, what="node removed")
     assert marker.read_text() == "saved", "the process had its grace period to finish"
     assert kube.get(f"/api/v1/namespaces/{NS}/pods/{name}") is None
     assert not alive(pid)
-    replacement = wait_for(lambda: node_names(kube) - {"local-node-0", "local-spot-0", "local-spot-1"}, 20,
-                           what="replacement node")
+    replacement = wait_for(
+        lambda: node_names(kube) - {"local-node-0", "local-spot-0", "local-spot-1"},
+        20,
+        what="replacement node",
+    )
     assert replacement == {"local-spot-2"}
     fresh = kube.get("/api/v1/nodes/local-spot-2")
     assert fresh["metadata"]["labels"]["ftjob.dev/spot"] == "true"
@@ -166,8 +194,11 @@ def test_preempt_hard_and_wait(cluster, tmp_path, capsys):
     assert "local-spot-1 is gone" in capsys.readouterr().out
     wait_for(lambda: not alive(pid), 5, what="process killed")
     assert marker.read_text() == "running", "a hard preemption gives no SIGTERM"
-    wait_for(lambda: kube.get(f"/api/v1/namespaces/{NS}/pods/{pod['metadata']['name']}") is None, 10,
-             what="pod deleted")
+    wait_for(
+        lambda: kube.get(f"/api/v1/namespaces/{NS}/pods/{pod['metadata']['name']}") is None,
+        10,
+        what="pod deleted",
+    )
 
 
 def test_preempt_errors_say_what_to_fix(cluster, capsys):

@@ -23,8 +23,10 @@ from ftjob_local.node.api import Kube, wait_for
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(importlib.util.find_spec("ftjob_local.apiserver.__main__") is None,
-                       reason="the local API server (ftjob_local.apiserver) is not in this build yet"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("ftjob_local.apiserver.__main__") is None,
+        reason="the local API server (ftjob_local.apiserver) is not in this build yet",
+    ),
 ]
 NS = "default"
 PY = sys.executable
@@ -47,8 +49,13 @@ def kube(cluster):
 
 def kubectl(cluster, *args, check=True) -> subprocess.CompletedProcess:
     exe = Path(PY).parent / "kubectl"
-    return subprocess.run([str(exe), "--kubeconfig", str(cluster.kubeconfig), *args], capture_output=True,
-                          text=True, timeout=60, check=check)
+    return subprocess.run(
+        [str(exe), "--kubeconfig", str(cluster.kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=check,
+    )
 
 
 def name(prefix: str) -> str:
@@ -58,8 +65,12 @@ def name(prefix: str) -> str:
 def make_pod(kube: Kube, pod_name: str, command: list[str], **spec) -> dict:
     container = {"name": "main", "image": "python:3.12", "command": command}
     container.update(spec.pop("container", {}))
-    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod_name, "labels": spec.pop("labels", {})},
-            "spec": {"restartPolicy": spec.pop("restartPolicy", "Never"), "containers": [container], **spec}}
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": pod_name, "labels": spec.pop("labels", {})},
+        "spec": {"restartPolicy": spec.pop("restartPolicy", "Never"), "containers": [container], **spec},
+    }
     return kube.request("POST", f"/api/v1/namespaces/{NS}/pods", body=body)
 
 
@@ -71,6 +82,7 @@ def phase_is(kube: Kube, pod_name: str, *phases: str):
     def check():
         pod = get_pod(kube, pod_name)
         return pod if pod and (pod.get("status") or {}).get("phase") in phases else None
+
     return check
 
 
@@ -101,16 +113,26 @@ def test_scheduling_selectors_taints_and_resources(kube, cluster):
     make_pod(kube, big, sleep, container={"resources": {"requests": {"cpu": "1000"}}})
     gpu = name("gpu")
     make_pod(kube, gpu, sleep, container={"resources": {"limits": {"nvidia.com/gpu": "1"}}})
-    pod = wait_for(lambda: (get_pod(kube, spot) or {}).get("spec", {}).get("nodeName"), 20, what="spot binding")
+    pod = wait_for(
+        lambda: (get_pod(kube, spot) or {}).get("spec", {}).get("nodeName"), 20, what="spot binding"
+    )
     assert pod == "local-spot-0"
     for pending, why in ((big, "Insufficient cpu"), (gpu, "Insufficient nvidia.com/gpu")):
-        p = wait_for(lambda n=pending: (lambda x: x if cond(x, "PodScheduled").get("status") == "False" else None)(
-            get_pod(kube, n)), 20, what=f"{pending} unschedulable")
+        p = wait_for(
+            lambda n=pending: (lambda x: x if cond(x, "PodScheduled").get("status") == "False" else None)(
+                get_pod(kube, n)
+            ),
+            20,
+            what=f"{pending} unschedulable",
+        )
         assert p["status"]["phase"] == "Pending" and not p["spec"].get("nodeName")
         assert cond(p, "PodScheduled")["reason"] == "Unschedulable"
         assert why in cond(p, "PodScheduled")["message"]
-        ev = wait_for(lambda n=pending: [e for e in events_for(kube, n) if e["reason"] == "FailedScheduling"], 10,
-                      what="FailedScheduling event")
+        ev = wait_for(
+            lambda n=pending: [e for e in events_for(kube, n) if e["reason"] == "FailedScheduling"],
+            10,
+            what="FailedScheduling event",
+        )
         assert why in ev[0]["message"] and ev[0]["type"] == "Warning"
 
     # A NoSchedule taint keeps pods without a toleration away; a toleration lets them in.
@@ -119,18 +141,41 @@ def test_scheduling_selectors_taints_and_resources(kube, cluster):
         pinned = {"kubernetes.io/hostname": "local-node-0"}
         refused, tolerant = name("refused"), name("tolerant")
         make_pod(kube, refused, sleep, nodeSelector=pinned)
-        make_pod(kube, tolerant, sleep, nodeSelector=pinned, terminationGracePeriodSeconds=0,
-                 tolerations=[{"key": "example.com/maintenance", "operator": "Exists", "effect": "NoSchedule"}])
-        assert wait_for(lambda: (get_pod(kube, tolerant) or {}).get("spec", {}).get("nodeName"), 20,
-                        what="tolerant binding") == "local-node-0"
-        p = wait_for(lambda: (lambda x: x if cond(x, "PodScheduled").get("status") == "False" else None)(
-            get_pod(kube, refused)), 20, what="refused unschedulable")
+        make_pod(
+            kube,
+            tolerant,
+            sleep,
+            nodeSelector=pinned,
+            terminationGracePeriodSeconds=0,
+            tolerations=[{"key": "example.com/maintenance", "operator": "Exists", "effect": "NoSchedule"}],
+        )
+        assert (
+            wait_for(
+                lambda: (get_pod(kube, tolerant) or {}).get("spec", {}).get("nodeName"),
+                20,
+                what="tolerant binding",
+            )
+            == "local-node-0"
+        )
+        p = wait_for(
+            lambda: (lambda x: x if cond(x, "PodScheduled").get("status") == "False" else None)(
+                get_pod(kube, refused)
+            ),
+            20,
+            what="refused unschedulable",
+        )
         assert "untolerated taint {example.com/maintenance: yes}" in cond(p, "PodScheduled")["message"]
     finally:
         kubectl(cluster, "taint", "node", "local-node-0", "example.com/maintenance-")
     # Once the taint is gone the pending pod is scheduled.
-    assert wait_for(lambda: (get_pod(kube, refused) or {}).get("spec", {}).get("nodeName"), 20,
-                    what="binding after untaint") == "local-node-0"
+    assert (
+        wait_for(
+            lambda: (get_pod(kube, refused) or {}).get("spec", {}).get("nodeName"),
+            20,
+            what="binding after untaint",
+        )
+        == "local-node-0"
+    )
     for n in (spot, big, gpu, refused, tolerant):
         kubectl(cluster, "delete", "pod", n, "--grace-period=0", "--force", "--wait=false", check=False)
 
@@ -150,12 +195,27 @@ sys.exit(3)
 
 def test_pod_env_volumes_termination_message_exit_code_and_logs(kube, cluster):
     secret = name("sec")
-    kube.request("POST", f"/api/v1/namespaces/{NS}/secrets", body={
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret},
-        "data": {"token": base64.b64encode(b"s3cret").decode()}})
+    kube.request(
+        "POST",
+        f"/api/v1/namespaces/{NS}/secrets",
+        body={
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": secret},
+            "data": {"token": base64.b64encode(b"s3cret").decode()},
+        },
+    )
     cm = name("cm")
-    kube.request("POST", f"/api/v1/namespaces/{NS}/configmaps", body={
-        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": cm}, "data": {"mode": "fast", "level": "3"}})
+    kube.request(
+        "POST",
+        f"/api/v1/namespaces/{NS}/configmaps",
+        body={
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": cm},
+            "data": {"mode": "fast", "level": "3"},
+        },
+    )
     pod_name = name("envpod")
     env = [
         {"name": "T_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -171,12 +231,20 @@ def test_pod_env_volumes_termination_message_exit_code_and_logs(kube, cluster):
         {"name": "T_ESCAPED", "value": "$$(T_IP)"},
         {"name": "T_DIR", "value": "/data/sub"},
     ]
-    created = make_pod(kube, pod_name, [PY, "-c", SCRIPT], labels={"app": "demo"},
-                       volumes=[{"name": "data", "emptyDir": {}}],
-                       container={"args": ["--addr=$(T_ADDR)", "$(T_MISSING)"], "env": env,
-                                  "envFrom": [{"prefix": "T_CM_", "configMapRef": {"name": cm}}],
-                                  "volumeMounts": [{"name": "data", "mountPath": "/data"}],
-                                  "workingDir": "/data/work"})
+    created = make_pod(
+        kube,
+        pod_name,
+        [PY, "-c", SCRIPT],
+        labels={"app": "demo"},
+        volumes=[{"name": "data", "emptyDir": {}}],
+        container={
+            "args": ["--addr=$(T_ADDR)", "$(T_MISSING)"],
+            "env": env,
+            "envFrom": [{"prefix": "T_CM_", "configMapRef": {"name": cm}}],
+            "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+            "workingDir": "/data/work",
+        },
+    )
     uid = created["metadata"]["uid"]
     pod = wait_for(phase_is(kube, pod_name, "Failed", "Succeeded"), 30, what="pod to finish")
     assert pod["status"]["phase"] == "Failed"
@@ -191,9 +259,20 @@ def test_pod_env_volumes_termination_message_exit_code_and_logs(kube, cluster):
     seen = json.loads(logs[0])
     backing = cluster.dir / "pods" / uid / "volumes" / "data"
     assert seen == {
-        "T_NAME": pod_name, "T_NS": NS, "T_UID": uid, "T_APP": "demo", "T_NODE": pod["spec"]["nodeName"],
-        "T_IP": ip, "T_HOST": "127.0.0.1", "T_SECRET": "s3cret", "T_MODE": "fast", "T_ADDR": f"{ip}:29400",
-        "T_ESCAPED": "$(T_IP)", "T_DIR": f"{backing}/sub", "T_CM_mode": "fast", "T_CM_level": "3",
+        "T_NAME": pod_name,
+        "T_NS": NS,
+        "T_UID": uid,
+        "T_APP": "demo",
+        "T_NODE": pod["spec"]["nodeName"],
+        "T_IP": ip,
+        "T_HOST": "127.0.0.1",
+        "T_SECRET": "s3cret",
+        "T_MODE": "fast",
+        "T_ADDR": f"{ip}:29400",
+        "T_ESCAPED": "$(T_IP)",
+        "T_DIR": f"{backing}/sub",
+        "T_CM_mode": "fast",
+        "T_CM_level": "3",
     }
     assert logs[1] == "argv " + json.dumps([f"--addr={ip}:29400", "$(T_MISSING)"])
     assert logs[2] == f"cwd {backing}/work"
@@ -206,11 +285,29 @@ def test_pod_env_volumes_termination_message_exit_code_and_logs(kube, cluster):
 
 def test_missing_secret_waits_with_a_clear_reason(kube, cluster):
     pod_name = name("nosecret")
-    make_pod(kube, pod_name, [PY, "-c", "print('started')"], container={"env": [
-        {"name": "X", "valueFrom": {"secretKeyRef": {"name": "does-not-exist", "key": "k"}}}]})
-    pod = wait_for(lambda: (lambda p: p if ((p or {}).get("status", {}).get("containerStatuses") or [{}])[0]
-                            .get("state", {}).get("waiting", {}).get("reason") == "CreateContainerConfigError"
-                            else None)(get_pod(kube, pod_name)), 20, what="CreateContainerConfigError")
+    make_pod(
+        kube,
+        pod_name,
+        [PY, "-c", "print('started')"],
+        container={
+            "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "does-not-exist", "key": "k"}}}]
+        },
+    )
+    pod = wait_for(
+        lambda: (
+            lambda p: (
+                p
+                if ((p or {}).get("status", {}).get("containerStatuses") or [{}])[0]
+                .get("state", {})
+                .get("waiting", {})
+                .get("reason")
+                == "CreateContainerConfigError"
+                else None
+            )
+        )(get_pod(kube, pod_name)),
+        20,
+        what="CreateContainerConfigError",
+    )
     waiting = pod["status"]["containerStatuses"][0]["state"]["waiting"]
     assert 'secret "does-not-exist" not found' in waiting["message"]
     assert pod["status"]["phase"] == "Pending"
@@ -221,8 +318,10 @@ def test_missing_secret_waits_with_a_clear_reason(kube, cluster):
 def test_restart_policy_on_failure_counts_restarts(kube, tmp_path):
     counter = tmp_path / "runs"
     pod_name = name("flaky")
-    code = (f"import sys, pathlib; p = pathlib.Path({str(counter)!r}); n = int(p.read_text()) if p.exists() else 0;"
-            " p.write_text(str(n + 1)); sys.exit(0 if n >= 1 else 7)")
+    code = (
+        f"import sys, pathlib; p = pathlib.Path({str(counter)!r}); n = int(p.read_text()) if p.exists() else 0;"
+        " p.write_text(str(n + 1)); sys.exit(0 if n >= 1 else 7)"
+    )
     make_pod(kube, pod_name, [PY, "-c", code], restartPolicy="OnFailure")
     pod = wait_for(phase_is(kube, pod_name, "Succeeded", "Failed"), 30, what="flaky pod to finish")
     assert pod["status"]["phase"] == "Succeeded"
@@ -233,23 +332,36 @@ def test_restart_policy_on_failure_counts_restarts(kube, tmp_path):
     assert counter.read_text() == "2"
 
 
-
 def test_init_container_then_always_restart_with_previous_logs(kube, cluster):
     """Init containers run first, to completion; restartPolicy Always restarts the main container and
     `kubectl logs --previous` shows the run before."""
     pod_name = name("looper")
-    init = {"name": "prepare", "image": "busybox", "command": [PY, "-c", "open('/work/seed', 'w').write('seeded')"],
-            "volumeMounts": [{"name": "work", "mountPath": "/work"}]}
-    code = ("import pathlib, sys; p = pathlib.Path('/work/seed'); n = len(p.read_text()); "
-            "p.write_text(p.read_text() + '+'); print('run', n - 6, flush=True); sys.exit(1)")
-    make_pod(kube, pod_name, [PY, "-c", code], restartPolicy="Always", initContainers=[init],
-             terminationGracePeriodSeconds=0, volumes=[{"name": "work", "emptyDir": {}}],
-             container={"volumeMounts": [{"name": "work", "mountPath": "/work"}]})
+    init = {
+        "name": "prepare",
+        "image": "busybox",
+        "command": [PY, "-c", "open('/work/seed', 'w').write('seeded')"],
+        "volumeMounts": [{"name": "work", "mountPath": "/work"}],
+    }
+    code = (
+        "import pathlib, sys; p = pathlib.Path('/work/seed'); n = len(p.read_text()); "
+        "p.write_text(p.read_text() + '+'); print('run', n - 6, flush=True); sys.exit(1)"
+    )
+    make_pod(
+        kube,
+        pod_name,
+        [PY, "-c", code],
+        restartPolicy="Always",
+        initContainers=[init],
+        terminationGracePeriodSeconds=0,
+        volumes=[{"name": "work", "emptyDir": {}}],
+        container={"volumeMounts": [{"name": "work", "mountPath": "/work"}]},
+    )
 
     def restarted():
         p = get_pod(kube, pod_name)
         statuses = (p or {}).get("status", {}).get("containerStatuses") or [{}]
         return p if statuses[0].get("restartCount", 0) >= 2 else None
+
     pod = wait_for(restarted, 30, what="two restarts")
     (init_status,) = pod["status"]["initContainerStatuses"]
     assert init_status["state"]["terminated"]["exitCode"] == 0
@@ -292,7 +404,9 @@ def test_graceful_deletion_sigterm_then_sigkill_after_grace(kube, cluster, tmp_p
     assert pod is None or pod["metadata"].get("deletionTimestamp")  # graceful: still there while it runs
     wait_for(lambda: get_pod(kube, pod_name) is None, 20, what="pod object gone")
     elapsed = time.monotonic() - t0
-    assert 1.8 <= elapsed < 10, f"the process ignored SIGTERM, so SIGKILL should come after the 2s grace ({elapsed:.1f}s)"
+    assert 1.8 <= elapsed < 10, (
+        f"the process ignored SIGTERM, so SIGKILL should come after the 2s grace ({elapsed:.1f}s)"
+    )
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
 
@@ -305,18 +419,28 @@ def test_graceful_deletion_sigterm_then_sigkill_after_grace(kube, cluster, tmp_p
     assert time.monotonic() - t0 < 10
 
 
-
 def test_liveness_probe_failure_restarts_the_container(kube, cluster):
     pod_name = name("unhealthy")
-    make_pod(kube, pod_name, [PY, "-c", "import time; time.sleep(60)"], restartPolicy="OnFailure",
-             terminationGracePeriodSeconds=0,
-             container={"livenessProbe": {"exec": {"command": [PY, "-c", "raise SystemExit(1)"]},
-                                          "periodSeconds": 1, "failureThreshold": 2}})
+    make_pod(
+        kube,
+        pod_name,
+        [PY, "-c", "import time; time.sleep(60)"],
+        restartPolicy="OnFailure",
+        terminationGracePeriodSeconds=0,
+        container={
+            "livenessProbe": {
+                "exec": {"command": [PY, "-c", "raise SystemExit(1)"]},
+                "periodSeconds": 1,
+                "failureThreshold": 2,
+            }
+        },
+    )
 
     def restarted():
         p = get_pod(kube, pod_name)
         s = ((p or {}).get("status", {}).get("containerStatuses") or [{}])[0]
         return s if s.get("restartCount", 0) >= 1 else None
+
     status = wait_for(restarted, 30, what="a restart after the liveness probe failed")
     assert status["lastState"]["terminated"]["exitCode"] == 137
     assert any(e["reason"] == "Unhealthy" for e in events_for(kube, pod_name))
@@ -336,18 +460,39 @@ http.server.HTTPServer((os.environ["POD_IP"], 8080), H).serve_forever()
 
 def test_service_proxy_forwards_to_ready_pod(kube, cluster):
     app = name("web")
-    env = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-           {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
-    make_pod(kube, app, [PY, "-c", HTTP_SERVER], labels={"app": app}, terminationGracePeriodSeconds=1,
-             container={"env": env, "ports": [{"name": "http", "containerPort": 8080}],
-                        "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1}})
-    svc = kube.request("POST", f"/api/v1/namespaces/{NS}/services", body={
-        "apiVersion": "v1", "kind": "Service", "metadata": {"name": app},
-        "spec": {"selector": {"app": app}, "ports": [{"name": "web", "port": 80, "targetPort": "http"}]}})
+    env = [
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ]
+    make_pod(
+        kube,
+        app,
+        [PY, "-c", HTTP_SERVER],
+        labels={"app": app},
+        terminationGracePeriodSeconds=1,
+        container={
+            "env": env,
+            "ports": [{"name": "http", "containerPort": 8080}],
+            "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1},
+        },
+    )
+    svc = kube.request(
+        "POST",
+        f"/api/v1/namespaces/{NS}/services",
+        body={
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": app},
+            "spec": {"selector": {"app": app}, "ports": [{"name": "web", "port": 80, "targetPort": "http"}]},
+        },
+    )
     ip = svc["spec"]["clusterIP"]
     assert ip.startswith("127.96.")
-    pod = wait_for(lambda: (lambda p: p if cond(p or {}, "Ready").get("status") == "True" else None)(
-        get_pod(kube, app)), 30, what="web pod ready")
+    pod = wait_for(
+        lambda: (lambda p: p if cond(p or {}, "Ready").get("status") == "True" else None)(get_pod(kube, app)),
+        30,
+        what="web pod ready",
+    )
     assert pod["status"]["containerStatuses"][0]["ready"] is True
 
     def fetch():
@@ -356,6 +501,7 @@ def test_service_proxy_forwards_to_ready_pod(kube, cluster):
                 return resp.read().decode()
         except OSError:
             return None
+
     assert wait_for(fetch, 20, what="service answer") == f"hello from {app}"
     kubectl(cluster, "delete", "service", app)
     kubectl(cluster, "delete", "pod", app, "--wait=true", "--timeout=30s")
@@ -364,8 +510,12 @@ def test_service_proxy_forwards_to_ready_pod(kube, cluster):
 def test_node_deletion_kills_its_pods(kube, cluster, tmp_path):
     """Pod GC: deleting a node kills its pods' processes and deletes the pods (the node is re-registered)."""
     pod_name = name("orphan")
-    created = make_pod(kube, pod_name, [PY, "-c", "import time; time.sleep(120)"],
-                       nodeSelector={"kubernetes.io/hostname": "local-node-0"})
+    created = make_pod(
+        kube,
+        pod_name,
+        [PY, "-c", "import time; time.sleep(120)"],
+        nodeSelector={"kubernetes.io/hostname": "local-node-0"},
+    )
     wait_for(phase_is(kube, pod_name, "Running"), 30, what="pod running")
     pid_file = cluster.dir / "pods" / created["metadata"]["uid"] / "containers" / "main" / "pid"
     pid = int(pid_file.read_text().split()[0])
@@ -378,6 +528,7 @@ def test_node_deletion_kills_its_pods(kube, cluster, tmp_path):
         except ProcessLookupError:
             return True
         return False
+
     wait_for(dead, 10, what="process killed")
 
 
@@ -386,14 +537,21 @@ def test_pods_keep_running_across_an_api_server_restart(kube, cluster, tmp_path)
     marker = tmp_path / "ticks"
     pod_name = name("steady")
     code = f"import time, pathlib\nn = 0\nwhile True:\n    n += 1; pathlib.Path({str(marker)!r}).write_text(str(n)); time.sleep(0.1)"
-    created = make_pod(kube, pod_name, [PY, "-c", code], terminationGracePeriodSeconds=1,
-                       nodeSelector={"kubernetes.io/hostname": "local-spot-0"})
+    created = make_pod(
+        kube,
+        pod_name,
+        [PY, "-c", code],
+        terminationGracePeriodSeconds=1,
+        nodeSelector={"kubernetes.io/hostname": "local-spot-0"},
+    )
     wait_for(phase_is(kube, pod_name, "Running"), 30, what="pod running")
     pid_file = cluster.dir / "pods" / created["metadata"]["uid"] / "containers" / "main" / "pid"
     pid = int(pid_file.read_text().split()[0])
     cluster.down(only=["apiserver"], say=lambda *_: None)
     tick = int(marker.read_text())
-    wait_for(lambda: int(marker.read_text()) > tick + 3, 10, what="the pod to go on while the API server is down")
+    wait_for(
+        lambda: int(marker.read_text()) > tick + 3, 10, what="the pod to go on while the API server is down"
+    )
     cluster.restart("apiserver")
     os.kill(pid, 0)  # the process was never touched
     assert get_pod(kube, pod_name)["status"]["phase"] == "Running"

@@ -47,9 +47,14 @@ def test_rewrite_paths_leaves_existing_host_paths_under_a_real_folder(tmp_path):
 
 
 def node(name, labels=None, taints=None, cpu="2", memory="4Gi", gpu="0", pods="10", ready=True):
-    return {"metadata": {"name": name, "labels": labels or {}}, "spec": {"taints": taints or []},
-            "status": {"allocatable": {"cpu": cpu, "memory": memory, "nvidia.com/gpu": gpu, "pods": pods},
-                       "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+    return {
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": {"taints": taints or []},
+        "status": {
+            "allocatable": {"cpu": cpu, "memory": memory, "nvidia.com/gpu": gpu, "pods": pods},
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
 
 
 def pod(requests=None, limits=None, selector=None, tolerations=None, init=None):
@@ -71,12 +76,23 @@ def test_filter_node_reasons():
     assert filter_node(pod(), node("n"), none, 0) is None
     assert "not ready" in filter_node(pod(), node("n", ready=False), none, 0)
     assert "selector" in filter_node(pod(selector={"ftjob.dev/spot": "true"}), node("n"), none, 0)
-    assert filter_node(pod(selector={"ftjob.dev/spot": "true"}), node("n", {"ftjob.dev/spot": "true"}), none, 0) is None
+    assert (
+        filter_node(pod(selector={"ftjob.dev/spot": "true"}), node("n", {"ftjob.dev/spot": "true"}), none, 0)
+        is None
+    )
     assert "untolerated taint" in filter_node(pod(), node("n", taints=[SPOT_TAINT]), none, 0)
-    assert filter_node(pod(tolerations=[{"operator": "Exists"}]), node("n", taints=[SPOT_TAINT]), none, 0) is None
+    assert (
+        filter_node(pod(tolerations=[{"operator": "Exists"}]), node("n", taints=[SPOT_TAINT]), none, 0)
+        is None
+    )
     assert filter_node(pod(requests={"cpu": "1500m"}), node("n"), none, 0) is None
-    assert filter_node(pod(requests={"cpu": "1500m"}), node("n"), {**none, "cpu": Decimal("0.6")}, 0) == "Insufficient cpu"
-    assert filter_node(pod(limits={"nvidia.com/gpu": "1"}), node("n"), none, 0) == "Insufficient nvidia.com/gpu"
+    assert (
+        filter_node(pod(requests={"cpu": "1500m"}), node("n"), {**none, "cpu": Decimal("0.6")}, 0)
+        == "Insufficient cpu"
+    )
+    assert (
+        filter_node(pod(limits={"nvidia.com/gpu": "1"}), node("n"), none, 0) == "Insufficient nvidia.com/gpu"
+    )
     assert filter_node(pod(limits={"nvidia.com/gpu": "1"}), node("n", gpu="1"), none, 0) is None
     assert filter_node(pod(), node("n", pods="1"), none, 1) == "Too many pods"
     # PreferNoSchedule does not filter.
@@ -88,14 +104,16 @@ def test_tolerations():
     assert tolerates([{"key": SPOT_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}], SPOT_TAINT)
     assert tolerates([{"key": SPOT_TAINT["key"], "value": "true"}], SPOT_TAINT)
     assert not tolerates([{"key": SPOT_TAINT["key"], "value": "false"}], SPOT_TAINT)
-    assert not tolerates([{"key": SPOT_TAINT["key"], "operator": "Exists", "effect": "NoExecute"}], SPOT_TAINT)
+    assert not tolerates(
+        [{"key": SPOT_TAINT["key"], "operator": "Exists", "effect": "NoExecute"}], SPOT_TAINT
+    )
     assert not tolerates([], SPOT_TAINT)
 
 
 def test_pod_requests_uses_limits_and_init_max():
     r = pod_requests(pod(requests={"cpu": "250m"}, limits={"memory": "1Gi"}, init={"cpu": "2"}))
     assert r["cpu"] == Decimal(2)
-    assert r["memory"] == Decimal(1024 ** 3)
+    assert r["memory"] == Decimal(1024**3)
     assert r["nvidia.com/gpu"] == 0
 
 
@@ -114,12 +132,21 @@ def test_endpoints_select_ready_pods_and_named_ports():
     svc = {"metadata": {"name": "s", "namespace": "ns"}, "spec": {"selector": {"app": "a"}}}
 
     def p(ip, ready, labels, ns="ns"):
-        return {"metadata": {"name": ip, "namespace": ns, "labels": labels},
-                "spec": {"containers": [{"name": "c", "ports": [{"name": "http", "containerPort": 8080}]}]},
-                "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+        return {
+            "metadata": {"name": ip, "namespace": ns, "labels": labels},
+            "spec": {"containers": [{"name": "c", "ports": [{"name": "http", "containerPort": 8080}]}]},
+            "status": {
+                "podIP": ip,
+                "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            },
+        }
 
-    pods = [p("127.10.0.2", True, {"app": "a"}), p("127.10.0.3", False, {"app": "a"}),
-            p("127.10.0.4", True, {"app": "b"}), p("127.10.0.5", True, {"app": "a"}, ns="other")]
+    pods = [
+        p("127.10.0.2", True, {"app": "a"}),
+        p("127.10.0.3", False, {"app": "a"}),
+        p("127.10.0.4", True, {"app": "b"}),
+        p("127.10.0.5", True, {"app": "a"}, ns="other"),
+    ]
     assert endpoints(svc, {"port": 80, "targetPort": "http"}, pods) == [("127.10.0.2", 8080)]
     assert endpoints(svc, {"port": 80}, pods) == [("127.10.0.2", 80)]
 

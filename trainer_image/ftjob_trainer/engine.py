@@ -154,7 +154,9 @@ def state_sha256(model_sd: dict, optim_sd: dict) -> str:
     h = hashlib.sha256()
 
     def add_tensor(name: str, t: torch.Tensor) -> None:
-        t = t.detach().cpu()  # full_state() gives plain unsharded tensors (a DTensor here would need a collective)
+        t = (
+            t.detach().cpu()
+        )  # full_state() gives plain unsharded tensors (a DTensor here would need a collective)
         t = t.to(torch.float64 if t.dim() == 0 else torch.float32).contiguous()
         h.update(f"{name}|{list(t.shape)}|".encode())
         h.update(t.numpy().tobytes())

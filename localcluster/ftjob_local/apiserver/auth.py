@@ -35,8 +35,10 @@ class User:
 
     @classmethod
     def service_account(cls, ns: str, sa: str) -> User:
-        return cls(f"system:serviceaccount:{ns}:{sa}",
-                   ["system:serviceaccounts", f"system:serviceaccounts:{ns}", "system:authenticated"])
+        return cls(
+            f"system:serviceaccount:{ns}:{sa}",
+            ["system:serviceaccounts", f"system:serviceaccounts:{ns}", "system:authenticated"],
+        )
 
     @classmethod
     def named(cls, name: str, groups: list[str]) -> User:
@@ -61,13 +63,19 @@ class Tokens:
             self.key = f.read()
 
     def _sign(self, payload: str) -> str:
-        return base64.urlsafe_b64encode(hmac.new(self.key, payload.encode(), hashlib.sha256).digest()).decode().rstrip("=")
+        return (
+            base64.urlsafe_b64encode(hmac.new(self.key, payload.encode(), hashlib.sha256).digest())
+            .decode()
+            .rstrip("=")
+        )
 
     def issue(self, ns: str, sa: str, uid: str, expires_in: int | None = None) -> str:
         claims = {"ns": ns, "sa": sa, "uid": uid, "n": secrets.token_hex(4)}
         if expires_in:
             claims["exp"] = int(time.time()) + int(expires_in)
-        payload = base64.urlsafe_b64encode(json.dumps(claims, separators=(",", ":")).encode()).decode().rstrip("=")
+        payload = (
+            base64.urlsafe_b64encode(json.dumps(claims, separators=(",", ":")).encode()).decode().rstrip("=")
+        )
         return f"ftjob.{payload}.{self._sign(payload)}"
 
     def verify(self, token: str) -> dict[str, Any] | None:
@@ -84,14 +92,22 @@ class Tokens:
 
 
 def unauthorized() -> ApiError:
-    return ApiError(401, "Unauthorized", "Unauthorized: the bearer token is invalid, expired, or its ServiceAccount "
-                                         "no longer exists")
+    return ApiError(
+        401,
+        "Unauthorized",
+        "Unauthorized: the bearer token is invalid, expired, or its ServiceAccount no longer exists",
+    )
 
 
 # What Kubernetes' bootstrap policy (system:basic-user) grants every authenticated user.
-DEFAULT_RULES = [{"apiGroups": ["authorization.k8s.io"], "verbs": ["create"],
-                  "resources": ["selfsubjectaccessreviews", "selfsubjectrulesreviews"]},
-                 {"apiGroups": ["authentication.k8s.io"], "verbs": ["create"], "resources": ["selfsubjectreviews"]}]
+DEFAULT_RULES = [
+    {
+        "apiGroups": ["authorization.k8s.io"],
+        "verbs": ["create"],
+        "resources": ["selfsubjectaccessreviews", "selfsubjectrulesreviews"],
+    },
+    {"apiGroups": ["authentication.k8s.io"], "verbs": ["create"], "resources": ["selfsubjectreviews"]},
+]
 
 
 def _matches(values: list[str], value: str) -> bool:
@@ -105,8 +121,12 @@ def _rule_allows(rule: dict[str, Any], verb: str, group: str, resource: str, nam
         return False
     resources = rule.get("resources") or []
     base, _, sub = resource.partition("/")
-    if not ("*" in resources or resource in resources or (sub and f"*/{sub}" in resources)
-            or (not sub and base in resources)):
+    if not (
+        "*" in resources
+        or resource in resources
+        or (sub and f"*/{sub}" in resources)
+        or (not sub and base in resources)
+    ):
         return False
     names = rule.get("resourceNames") or []
     return not names or (name is not None and name in names)
@@ -124,7 +144,9 @@ def _subject_matches(subject: dict[str, Any], user: User, binding_ns: str) -> bo
     return False
 
 
-def rbac_allows(store: Any, user: User, verb: str, group: str, resource: str, ns: str, name: str | None) -> bool:
+def rbac_allows(
+    store: Any, user: User, verb: str, group: str, resource: str, ns: str, name: str | None
+) -> bool:
     """Kubernetes RBAC: allowed when any binding that names the user grants a matching rule."""
     if "system:masters" in user.groups:
         return True
@@ -155,5 +177,7 @@ def forbidden_message(user: User, verb: str, group: str, resource: str, ns: str,
     what = f'{base} "{name}"' if name else base
     scope = f'in the namespace "{ns}"' if ns else "at the cluster scope"
     sub_text = f' subresource "{sub}"' if sub else ""
-    return (f'{what} is forbidden: User "{user.name}" cannot {verb} resource "{base}"{sub_text} in API group '
-            f'"{group}" {scope}')
+    return (
+        f'{what} is forbidden: User "{user.name}" cannot {verb} resource "{base}"{sub_text} in API group '
+        f'"{group}" {scope}'
+    )

@@ -35,19 +35,31 @@ def _qualified(resource: str, group: str) -> str:
 
 
 def not_found(resource: str, group: str, name: str) -> ApiError:
-    return ApiError(404, "NotFound", f'{_qualified(resource, group)} "{name}" not found',
-                    {"name": name, "group": group, "kind": resource})
+    return ApiError(
+        404,
+        "NotFound",
+        f'{_qualified(resource, group)} "{name}" not found',
+        {"name": name, "group": group, "kind": resource},
+    )
 
 
 def already_exists(resource: str, group: str, name: str) -> ApiError:
-    return ApiError(409, "AlreadyExists", f'{_qualified(resource, group)} "{name}" already exists',
-                    {"name": name, "group": group, "kind": resource})
+    return ApiError(
+        409,
+        "AlreadyExists",
+        f'{_qualified(resource, group)} "{name}" already exists',
+        {"name": name, "group": group, "kind": resource},
+    )
 
 
 def conflict(resource: str, group: str, name: str, why: str = "") -> ApiError:
     why = why or "the object has been modified; please apply your changes to the latest version and try again"
-    return ApiError(409, "Conflict", f'Operation cannot be fulfilled on {_qualified(resource, group)} "{name}": {why}',
-                    {"name": name, "group": group, "kind": resource})
+    return ApiError(
+        409,
+        "Conflict",
+        f'Operation cannot be fulfilled on {_qualified(resource, group)} "{name}": {why}',
+        {"name": name, "group": group, "kind": resource},
+    )
 
 
 def bad_request(message: str) -> ApiError:
@@ -83,7 +95,13 @@ def invalid(kind: str, group: str, name: str, errors: list[FieldError]) -> ApiEr
     texts = [e.text() for e in errors]
     summary = texts[0] if len(texts) == 1 else "[" + ", ".join(texts) + "]"
     return ApiError(
-        422, "Invalid", f'{qualified} "{name}" is invalid: {summary}',
-        {"name": name, "group": group, "kind": kind,
-         "causes": [{"reason": e.reason, "message": e.message, "field": e.field} for e in errors]},
+        422,
+        "Invalid",
+        f'{qualified} "{name}" is invalid: {summary}',
+        {
+            "name": name,
+            "group": group,
+            "kind": kind,
+            "causes": [{"reason": e.reason, "message": e.message, "field": e.field} for e in errors],
+        },
     )

@@ -13,10 +13,21 @@ from .errors import ApiError, bad_request
 # patchMergeKey of the Go API types for lists that merge instead of being replaced (same key wherever the field name
 # appears in the types ftjob, kubectl and helm touch). "ports" is keyed by containerPort in pods and port in services.
 _MERGE_KEYS = {
-    "containers": "name", "initContainers": "name", "ephemeralContainers": "name", "env": "name",
-    "volumes": "name", "volumeMounts": "mountPath", "volumeDevices": "devicePath", "imagePullSecrets": "name",
-    "conditions": "type", "ownerReferences": "uid", "hostAliases": "ip", "podIPs": "ip",
-    "topologySpreadConstraints": "topologyKey", "addresses": "type", "resourceClaims": "name",
+    "containers": "name",
+    "initContainers": "name",
+    "ephemeralContainers": "name",
+    "env": "name",
+    "volumes": "name",
+    "volumeMounts": "mountPath",
+    "volumeDevices": "devicePath",
+    "imagePullSecrets": "name",
+    "conditions": "type",
+    "ownerReferences": "uid",
+    "hostAliases": "ip",
+    "podIPs": "ip",
+    "topologySpreadConstraints": "topologyKey",
+    "addresses": "type",
+    "resourceClaims": "name",
 }
 # Lists of scalars with patchStrategy "merge": a patch adds to them.
 _MERGE_SCALAR_LISTS = {"finalizers"}
@@ -43,12 +54,16 @@ def merge_patch(target: Any, patch: Any) -> Any:
 
 def json_patch(target: Any, operations: Any) -> Any:
     if not isinstance(operations, list):
-        raise bad_request("a JSON patch must be a list of operations, e.g. "
-                          '[{"op": "replace", "path": "/spec/replicas", "value": 3}]')
+        raise bad_request(
+            "a JSON patch must be a list of operations, e.g. "
+            '[{"op": "replace", "path": "/spec/replicas", "value": 3}]'
+        )
     try:
         return jsonpatch.JsonPatch(operations).apply(copy.deepcopy(target))
     except (jsonpatch.JsonPatchConflict, jsonpatch.JsonPatchTestFailed) as e:
-        raise ApiError(422, "Invalid", f"the server rejected our request due to an error in our request: {e}") from e
+        raise ApiError(
+            422, "Invalid", f"the server rejected our request due to an error in our request: {e}"
+        ) from e
     except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, TypeError, KeyError) as e:
         raise bad_request(f"invalid JSON patch: {e}") from e
 
@@ -73,7 +88,9 @@ def _merge_list(field: str, original: Any, patch: list[Any]) -> list[Any]:
         return copy.deepcopy(patch)
     out = copy.deepcopy(original)
     for item in patch:
-        idx = next((n for n, o in enumerate(out) if isinstance(o, dict) and o.get(key) == item.get(key)), None)
+        idx = next(
+            (n for n, o in enumerate(out) if isinstance(o, dict) and o.get(key) == item.get(key)), None
+        )
         if item.get("$patch") == "delete":
             if idx is not None:
                 out.pop(idx)

@@ -53,8 +53,15 @@ class ResourceType:
 
     def scale_spec(self, version: str | None = None) -> dict[str, Any] | None:
         if self.crd is None:
-            return {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
-                    "labelSelectorPath": ".status.selector"} if "scale" in self.subresources else None
+            return (
+                {
+                    "specReplicasPath": ".spec.replicas",
+                    "statusReplicasPath": ".status.replicas",
+                    "labelSelectorPath": ".status.selector",
+                }
+                if "scale" in self.subresources
+                else None
+            )
         return (self.crd_version(version or self.versions[0]).get("subresources") or {}).get("scale")
 
     def served_subresources(self, version: str) -> list[str]:
@@ -64,10 +71,26 @@ class ResourceType:
         return [s for s in ("status", "scale") if s in subs]
 
 
-def _rt(group: str, version: str, plural: str, kind: str, namespaced: bool = True, short: str = "",
-        subs: str = "", categories: str = "") -> ResourceType:
-    return ResourceType(group, [version], plural, kind, namespaced, short.split() if short else [],
-                        categories.split() if categories else [], subs.split() if subs else [])
+def _rt(
+    group: str,
+    version: str,
+    plural: str,
+    kind: str,
+    namespaced: bool = True,
+    short: str = "",
+    subs: str = "",
+    categories: str = "",
+) -> ResourceType:
+    return ResourceType(
+        group,
+        [version],
+        plural,
+        kind,
+        namespaced,
+        short.split() if short else [],
+        categories.split() if categories else [],
+        subs.split() if subs else [],
+    )
 
 
 BUILTINS: list[ResourceType] = [
@@ -100,15 +123,33 @@ BUILTINS: list[ResourceType] = [
     _rt("networking.k8s.io", "v1", "ingresses", "Ingress", True, "ing", "status"),
     _rt("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, "pc"),
     _rt("storage.k8s.io", "v1", "storageclasses", "StorageClass", False, "sc"),
-    _rt("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations",
-        "ValidatingWebhookConfiguration", False),
-    _rt("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
-        "MutatingWebhookConfiguration", False),
+    _rt(
+        "admissionregistration.k8s.io",
+        "v1",
+        "validatingwebhookconfigurations",
+        "ValidatingWebhookConfiguration",
+        False,
+    ),
+    _rt(
+        "admissionregistration.k8s.io",
+        "v1",
+        "mutatingwebhookconfigurations",
+        "MutatingWebhookConfiguration",
+        False,
+    ),
     _rt("authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview", False),
     _rt("authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview", False),
-    _rt("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False,
-        "crd crds", "status"),
+    _rt(
+        "apiextensions.k8s.io",
+        "v1",
+        "customresourcedefinitions",
+        "CustomResourceDefinition",
+        False,
+        "crd crds",
+        "status",
+    ),
 ]
+
 
 class Registry:
     """Maps URL parts (group, version, plural) and kinds to resource types; CRDs add and remove entries."""
@@ -143,9 +184,14 @@ class Registry:
         versions = [v for v in spec["versions"] if v.get("served", True)]
         versions.sort(key=lambda v: not v.get("storage", False))
         rt = ResourceType(
-            group=spec["group"], versions=[v["name"] for v in versions], plural=names["plural"], kind=names["kind"],
-            namespaced=spec.get("scope", "Namespaced") == "Namespaced", short_names=list(names.get("shortNames") or []),
-            categories=list(names.get("categories") or []), crd=crd,
+            group=spec["group"],
+            versions=[v["name"] for v in versions],
+            plural=names["plural"],
+            kind=names["kind"],
+            namespaced=spec.get("scope", "Namespaced") == "Namespaced",
+            short_names=list(names.get("shortNames") or []),
+            categories=list(names.get("categories") or []),
+            crd=crd,
         )
         self.types[rt.key] = rt
         return rt

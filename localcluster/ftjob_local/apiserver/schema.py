@@ -54,7 +54,9 @@ def _type_ok(value: Any, schema: dict[str, Any]) -> bool:
     if t == "string":
         return isinstance(value, str)
     if t == "integer":
-        return (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float) and value.is_integer())
+        return (isinstance(value, int) and not isinstance(value, bool)) or (
+            isinstance(value, float) and value.is_integer()
+        )
     if t == "number":
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if t == "boolean":
@@ -123,7 +125,9 @@ def check_cel_rules(schema: dict[str, Any], path: str = "") -> list[FieldError]:
             errors.append(FieldError(where, "Required value", "FieldValueRequired"))
             continue
         if celpy is None:
-            errors.append(FieldError(where, "cel-python is not installed; install ftjob[local] to evaluate CEL"))
+            errors.append(
+                FieldError(where, "cel-python is not installed; install ftjob[local] to evaluate CEL")
+            )
             continue
         try:
             _cel_program(text)
@@ -158,16 +162,28 @@ class Validator:
         label = path or "body"
         if not _type_ok(value, schema):
             want = "integer or string" if schema.get("x-kubernetes-int-or-string") else schema.get("type")
-            got = "null" if value is None else {dict: "object", list: "array", str: "string", bool: "boolean"}.get(
-                type(value), "number" if isinstance(value, float) else "integer")
-            self.err(path, f"Invalid value: {_go_value(value)}: {label} in body must be of type {want}: \"{got}\"",
-                     "FieldValueTypeInvalid")
+            got = (
+                "null"
+                if value is None
+                else {dict: "object", list: "array", str: "string", bool: "boolean"}.get(
+                    type(value), "number" if isinstance(value, float) else "integer"
+                )
+            )
+            self.err(
+                path,
+                f'Invalid value: {_go_value(value)}: {label} in body must be of type {want}: "{got}"',
+                "FieldValueTypeInvalid",
+            )
             return
         if value is None:
             return
         if "enum" in schema and value not in schema["enum"]:
             allowed = ", ".join(_go_value(v) for v in schema["enum"])
-            self.err(path, f"Unsupported value: {_go_value(value)}: supported values: {allowed}", "FieldValueNotSupported")
+            self.err(
+                path,
+                f"Unsupported value: {_go_value(value)}: supported values: {allowed}",
+                "FieldValueNotSupported",
+            )
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if "minimum" in schema:
                 lo = schema["minimum"]
@@ -180,22 +196,40 @@ class Validator:
                     rel = "less than" if schema.get("exclusiveMaximum") else "less than or equal to"
                     self.err(path, f"Invalid value: {_go_value(value)}: {label} in body should be {rel} {hi}")
             if schema.get("multipleOf") and value % schema["multipleOf"] != 0:
-                self.err(path, f"Invalid value: {_go_value(value)}: {label} in body should be a multiple of "
-                               f"{schema['multipleOf']}")
+                self.err(
+                    path,
+                    f"Invalid value: {_go_value(value)}: {label} in body should be a multiple of "
+                    f"{schema['multipleOf']}",
+                )
         if isinstance(value, str):
             if "maxLength" in schema and len(value) > schema["maxLength"]:
-                self.err(path, f"Too long: may not be more than {schema['maxLength']} bytes", "FieldValueTooLong")
+                self.err(
+                    path, f"Too long: may not be more than {schema['maxLength']} bytes", "FieldValueTooLong"
+                )
             if "minLength" in schema and len(value) < schema["minLength"]:
-                self.err(path, f"Invalid value: {_go_value(value)}: {label} in body should be at least "
-                               f"{schema['minLength']} chars long")
+                self.err(
+                    path,
+                    f"Invalid value: {_go_value(value)}: {label} in body should be at least "
+                    f"{schema['minLength']} chars long",
+                )
             if "pattern" in schema and not re.search(schema["pattern"], value):
-                self.err(path, f"Invalid value: {_go_value(value)}: {label} in body should match '{schema['pattern']}'")
+                self.err(
+                    path,
+                    f"Invalid value: {_go_value(value)}: {label} in body should match '{schema['pattern']}'",
+                )
         if isinstance(value, list):
             if "maxItems" in schema and len(value) > schema["maxItems"]:
-                self.err(path, f"Too many: {len(value)}: must have at most {schema['maxItems']} items", "FieldValueTooMany")
+                self.err(
+                    path,
+                    f"Too many: {len(value)}: must have at most {schema['maxItems']} items",
+                    "FieldValueTooMany",
+                )
             if "minItems" in schema and len(value) < schema["minItems"]:
-                self.err(path, f"Invalid value: {len(value)}: {label} in body should have at least "
-                               f"{schema['minItems']} items")
+                self.err(
+                    path,
+                    f"Invalid value: {len(value)}: {label} in body should have at least "
+                    f"{schema['minItems']} items",
+                )
             list_type = schema.get("x-kubernetes-list-type")
             if schema.get("uniqueItems") or list_type == "set":
                 seen = []
@@ -209,8 +243,11 @@ class Validator:
                 for i, v in enumerate(value):
                     k = tuple((v or {}).get(x) for x in keys) if isinstance(v, dict) else None
                     if k in seen_keys:
-                        self.err(f"{path}[{i}]", f"Duplicate value: {json.dumps(dict(zip(keys, k, strict=False)))}",
-                                 "FieldValueDuplicate")
+                        self.err(
+                            f"{path}[{i}]",
+                            f"Duplicate value: {json.dumps(dict(zip(keys, k, strict=False)))}",
+                            "FieldValueDuplicate",
+                        )
                     seen_keys.append(k)
             if isinstance(schema.get("items"), dict):
                 for i, v in enumerate(value):
@@ -221,11 +258,17 @@ class Validator:
                 if req not in value:
                     self.err(_join(path, req), "Required value", "FieldValueRequired")
             if "maxProperties" in schema and len(value) > schema["maxProperties"]:
-                self.err(path, f"Too many: {len(value)}: must have at most {schema['maxProperties']} items",
-                         "FieldValueTooMany")
+                self.err(
+                    path,
+                    f"Too many: {len(value)}: must have at most {schema['maxProperties']} items",
+                    "FieldValueTooMany",
+                )
             if "minProperties" in schema and len(value) < schema["minProperties"]:
-                self.err(path, f"Invalid value: {len(value)}: {label} in body should have at least "
-                               f"{schema['minProperties']} properties")
+                self.err(
+                    path,
+                    f"Invalid value: {len(value)}: {label} in body should have at least "
+                    f"{schema['minProperties']} properties",
+                )
             old_map = old if isinstance(old, dict) else {}
             for key, sub in value.items():
                 if root and key in ("apiVersion", "kind"):
@@ -250,7 +293,10 @@ class Validator:
         if not rules:
             return
         if celpy is None:
-            self.err(path, "CEL validation rules cannot be evaluated: install cel-python (pip install 'ftjob[local]')")
+            self.err(
+                path,
+                "CEL validation rules cannot be evaluated: install cel-python (pip install 'ftjob[local]')",
+            )
             return
         if root and isinstance(value, dict):
             # Like the real server: CEL sees only name and generateName of the metadata.
@@ -276,7 +322,9 @@ class Validator:
             try:
                 ok = _cel_eval(text, bindings)
             except Exception as e:
-                self.err(where, f"Invalid value: {_go_value(value)}: evaluating rule {text!r} failed: {e}", reason)
+                self.err(
+                    where, f"Invalid value: {_go_value(value)}: evaluating rule {text!r} failed: {e}", reason
+                )
                 continue
             if ok is True or (not isinstance(ok, bool) and bool(ok)):
                 continue
@@ -294,8 +342,9 @@ class Validator:
                 self.err(where, f"Invalid value: {_go_value(value)}: {message}", reason)
 
 
-def process_custom_resource(obj: dict[str, Any], old: dict[str, Any] | None, schema: dict[str, Any]
-                            ) -> tuple[dict[str, Any], list[str], list[FieldError]]:
+def process_custom_resource(
+    obj: dict[str, Any], old: dict[str, Any] | None, schema: dict[str, Any]
+) -> tuple[dict[str, Any], list[str], list[FieldError]]:
     """Prune, default and validate a custom resource. Returns (object, unknown field paths, errors)."""
     unknown: list[str] = []
     obj = prune(obj, schema, "", unknown, root=True)

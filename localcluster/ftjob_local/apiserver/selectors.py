@@ -55,8 +55,10 @@ def parse_label_selector(text: str | None) -> Matcher:
         elif re.fullmatch(r"[A-Za-z0-9./_-]+", part):
             reqs.append(lambda lb, k=part: k in lb)
         else:
-            raise bad_request(f"unable to parse requirement: {part!r} in labelSelector {text!r} "
-                              "(expected key, !key, key=value, key!=value, key in (a,b) or key notin (a,b))")
+            raise bad_request(
+                f"unable to parse requirement: {part!r} in labelSelector {text!r} "
+                "(expected key, !key, key=value, key!=value, key in (a,b) or key notin (a,b))"
+            )
 
     def match(labels: dict[str, Any]) -> bool:
         return all(r(labels) for r in reqs)
@@ -110,5 +112,7 @@ def parse_field_selector(text: str | None) -> Matcher:
             path, val = (s.strip() for s in re.split("==|=", part, maxsplit=1))
             reqs.append(lambda o, p=path, v=val: _field_value(o, p) == v)
         else:
-            raise bad_request(f"invalid field selector requirement {part!r}: expected path=value or path!=value")
+            raise bad_request(
+                f"invalid field selector requirement {part!r}: expected path=value or path!=value"
+            )
     return lambda obj: all(r(obj) for r in reqs)

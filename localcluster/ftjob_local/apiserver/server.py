@@ -54,9 +54,17 @@ BOOKMARK_EVERY_S = 5.0
 EVENT_TTL_S = 3600.0  # kube-apiserver --event-ttl default
 HOUSEKEEPING_EVERY_S = 60.0
 LOG_POLL_S = 0.2
-VERSION_INFO = {"major": "1", "minor": "32", "gitVersion": "v1.32.0-ftjob-local", "gitCommit": "0" * 40,
-                "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.23.0",
-                "compiler": "gc", "platform": "linux/amd64"}
+VERSION_INFO = {
+    "major": "1",
+    "minor": "32",
+    "gitVersion": "v1.32.0-ftjob-local",
+    "gitCommit": "0" * 40,
+    "gitTreeState": "clean",
+    "buildDate": "2026-01-01T00:00:00Z",
+    "goVersion": "go1.23.0",
+    "compiler": "gc",
+    "platform": "linux/amd64",
+}
 
 _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -88,9 +96,13 @@ def _spec_part(obj: dict[str, Any], with_status: bool) -> dict[str, Any]:
 
 
 def _name_errors(rt: ResourceType, name: str) -> list[FieldError]:
-    if rt.group == "rbac.authorization.k8s.io" or rt.key == ("", "events") or rt.key == ("events.k8s.io", "events"):
+    if (
+        rt.group == "rbac.authorization.k8s.io"
+        or rt.key == ("", "events")
+        or rt.key == ("events.k8s.io", "events")
+    ):
         if name in (".", "..") or "/" in name or "%" in name:
-            return [FieldError("metadata.name", f'Invalid value: "{name}": may not contain \'/\' or \'%\'')]
+            return [FieldError("metadata.name", f"Invalid value: \"{name}\": may not contain '/' or '%'")]
         return []
     if rt.key in (NS_KEY,):
         regex, limit, what = _DNS1123_LABEL, 63, "a lowercase RFC 1123 label"
@@ -100,12 +112,20 @@ def _name_errors(rt: ResourceType, name: str) -> list[FieldError]:
         regex, limit, what = _DNS1123_SUBDOMAIN, 253, "a lowercase RFC 1123 subdomain"
     errs = []
     if len(name) > limit:
-        errs.append(FieldError("metadata.name", f'Invalid value: "{name}": must be no more than {limit} characters'))
+        errs.append(
+            FieldError("metadata.name", f'Invalid value: "{name}": must be no more than {limit} characters')
+        )
     if not regex.match(name):
-        errs.append(FieldError("metadata.name", f'Invalid value: "{name}": {what} must consist of lower case '
-                               "alphanumeric characters, '-'" + (" or '.'" if regex is _DNS1123_SUBDOMAIN else "") +
-                               ", and must start and end with an alphanumeric character "
-                               f"(regex used for validation is '{regex.pattern[1:-1]}')"))
+        errs.append(
+            FieldError(
+                "metadata.name",
+                f'Invalid value: "{name}": {what} must consist of lower case '
+                "alphanumeric characters, '-'"
+                + (" or '.'" if regex is _DNS1123_SUBDOMAIN else "")
+                + ", and must start and end with an alphanumeric character "
+                f"(regex used for validation is '{regex.pattern[1:-1]}')",
+            )
+        )
     return errs
 
 
@@ -129,6 +149,7 @@ class ApiServer:
 
     async def _housekeeping(self, app: web.Application) -> Any:
         """Background duties of the real control plane that clients rely on: events expire after EVENT_TTL_S."""
+
         async def loop() -> None:
             while True:
                 self.expire_events()
@@ -144,8 +165,9 @@ class ApiServer:
         for key in (("", "events"), ("events.k8s.io", "events")):
             rt = self.registry.types[key]
             for ev in self.store.list(key):
-                seen = tables.parse_time(ev.get("lastTimestamp") or ev.get("eventTime") or
-                                         ev["metadata"].get("creationTimestamp"))
+                seen = tables.parse_time(
+                    ev.get("lastTimestamp") or ev.get("eventTime") or ev["metadata"].get("creationTimestamp")
+                )
                 if seen is not None and (now - seen).total_seconds() > EVENT_TTL_S:
                     self.delete(rt, ev["metadata"].get("namespace", ""), ev["metadata"]["name"], {})
                     expired += 1
@@ -170,8 +192,14 @@ class ApiServer:
             raise
         except Exception as e:  # a bug: say so as a Status, keep serving
             log.exception("internal error on %s %s", request.method, request.path)
-            return _json(ApiError(500, "InternalError", f"an error on the server ({e!r}) has prevented the request "
-                                                        "from succeeding").status(), 500)
+            return _json(
+                ApiError(
+                    500,
+                    "InternalError",
+                    f"an error on the server ({e!r}) has prevented the request from succeeding",
+                ).status(),
+                500,
+            )
 
     async def _body(self, request: web.Request) -> Any:
         raw = await request.read()
@@ -195,18 +223,26 @@ class ApiServer:
             if sa is None or sa["metadata"]["uid"] != claims.get("uid"):
                 raise unauthorized()
             if request.headers.get("Impersonate-User"):
-                raise forbidden(f'users "{request.headers["Impersonate-User"]}" is forbidden: ServiceAccounts '
-                                "may not impersonate on the local API server")
+                raise forbidden(
+                    f'users "{request.headers["Impersonate-User"]}" is forbidden: ServiceAccounts '
+                    "may not impersonate on the local API server"
+                )
             return User.service_account(claims["ns"], claims["sa"])
         if request.headers.get("Impersonate-User"):
-            return User.named(request.headers["Impersonate-User"], request.headers.getall("Impersonate-Group", []))
+            return User.named(
+                request.headers["Impersonate-User"], request.headers.getall("Impersonate-Group", [])
+            )
         return None
 
-    def authorize(self, user: User | None, verb: str, group: str, resource: str, ns: str, name: str | None) -> None:
+    def authorize(
+        self, user: User | None, verb: str, group: str, resource: str, ns: str, name: str | None
+    ) -> None:
         if user is None or rbac_allows(self.store, user, verb, group, resource, ns, name):
             return
-        raise forbidden(forbidden_message(user, verb, group, resource, ns, name),
-                        {"name": name or "", "group": group, "kind": resource.partition("/")[0]})
+        raise forbidden(
+            forbidden_message(user, verb, group, resource, ns, name),
+            {"name": name or "", "group": group, "kind": resource.partition("/")[0]},
+        )
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
         path = request.path.rstrip("/") or "/"
@@ -222,20 +258,36 @@ class ApiServer:
             return self._openapi(parts)
         if parts[0] == "api":
             if len(parts) == 1:
-                return _json({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
-                    {"clientCIDR": "0.0.0.0/0", "serverAddress": self.address}]})
+                return _json(
+                    {
+                        "kind": "APIVersions",
+                        "versions": ["v1"],
+                        "serverAddressByClientCIDRs": [
+                            {"clientCIDR": "0.0.0.0/0", "serverAddress": self.address}
+                        ],
+                    }
+                )
             return await self._resource_request(request, user, "", parts[1], parts[2:])
         if parts[0] == "apis":
             if len(parts) == 1:
-                return _json({"kind": "APIGroupList", "apiVersion": "v1",
-                              "groups": [self._api_group(g, vs) for g, vs in self.registry.groups().items() if g]})
+                return _json(
+                    {
+                        "kind": "APIGroupList",
+                        "apiVersion": "v1",
+                        "groups": [self._api_group(g, vs) for g, vs in self.registry.groups().items() if g],
+                    }
+                )
             if len(parts) == 2:
                 versions = self.registry.groups().get(parts[1])
                 if not versions:
-                    raise ApiError(404, "NotFound", f"the server could not find the requested resource: {path}")
+                    raise ApiError(
+                        404, "NotFound", f"the server could not find the requested resource: {path}"
+                    )
                 return _json({"kind": "APIGroup", "apiVersion": "v1", **self._api_group(parts[1], versions)})
             return await self._resource_request(request, user, parts[1], parts[2], parts[3:])
-        raise ApiError(404, "NotFound", f"the server could not find the requested resource ({request.method} {path})")
+        raise ApiError(
+            404, "NotFound", f"the server could not find the requested resource ({request.method} {path})"
+        )
 
     def _openapi(self, parts: list[str]) -> web.Response:
         if parts[1:2] != ["v3"]:
@@ -243,8 +295,11 @@ class ApiServer:
         if len(parts) == 2:
             return _json(openapi.index(self.registry))
         rest = parts[2:]
-        group, version = ("", rest[1]) if rest[0] == "api" and len(rest) == 2 else (
-            (rest[1], rest[2]) if rest[0] == "apis" and len(rest) == 3 else (None, None))
+        group, version = (
+            ("", rest[1])
+            if rest[0] == "api" and len(rest) == 2
+            else ((rest[1], rest[2]) if rest[0] == "apis" and len(rest) == 3 else (None, None))
+        )
         if group is None or version not in self.registry.groups().get(group, []):
             raise ApiError(404, "NotFound", f"no OpenAPI document for /{'/'.join(rest)}")
         return _json(openapi.gv_document(self.registry, group, version))
@@ -258,17 +313,26 @@ class ApiServer:
         resources = []
         for rt in self.registry.in_group_version(group, version):
             verbs = _verbs(rt)
-            entry: dict[str, Any] = {"name": rt.plural, "singularName": rt.singular, "namespaced": rt.namespaced,
-                                     "kind": rt.kind, "verbs": verbs}
+            entry: dict[str, Any] = {
+                "name": rt.plural,
+                "singularName": rt.singular,
+                "namespaced": rt.namespaced,
+                "kind": rt.kind,
+                "verbs": verbs,
+            }
             if rt.short_names:
                 entry["shortNames"] = rt.short_names
             if rt.categories:
                 entry["categories"] = rt.categories
             resources.append(entry)
             for sub in rt.served_subresources(version):
-                sub_entry: dict[str, Any] = {"name": f"{rt.plural}/{sub}", "singularName": "",
-                                             "namespaced": rt.namespaced, "kind": rt.kind,
-                                             "verbs": ["get", "patch", "update"]}
+                sub_entry: dict[str, Any] = {
+                    "name": f"{rt.plural}/{sub}",
+                    "singularName": "",
+                    "namespaced": rt.namespaced,
+                    "kind": rt.kind,
+                    "verbs": ["get", "patch", "update"],
+                }
                 if sub == "scale":
                     sub_entry.update(group="autoscaling", version="v1", kind="Scale")
                 elif sub == "log":
@@ -278,43 +342,73 @@ class ApiServer:
                 elif sub == "binding":
                     sub_entry.update(kind="Binding", verbs=["create"])
                 elif sub == "token":
-                    sub_entry.update(group="authentication.k8s.io", version="v1", kind="TokenRequest",
-                                     verbs=["create"])
+                    sub_entry.update(
+                        group="authentication.k8s.io", version="v1", kind="TokenRequest", verbs=["create"]
+                    )
                 resources.append(sub_entry)
         if group == "" and version == "v1":
-            resources.append({"name": "bindings", "singularName": "binding", "namespaced": True, "kind": "Binding",
-                              "verbs": ["create"]})
+            resources.append(
+                {
+                    "name": "bindings",
+                    "singularName": "binding",
+                    "namespaced": True,
+                    "kind": "Binding",
+                    "verbs": ["create"],
+                }
+            )
         gv = f"{group}/{version}" if group else version
         return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}
 
-    async def _resource_request(self, request: web.Request, user: User | None, group: str, version: str,
-                                rest: list[str]) -> web.StreamResponse:
+    async def _resource_request(
+        self, request: web.Request, user: User | None, group: str, version: str, rest: list[str]
+    ) -> web.StreamResponse:
         if not rest:
             if version not in self.registry.groups().get(group, []):
-                raise ApiError(404, "NotFound", f"the server could not find the requested resource ({request.path})")
+                raise ApiError(
+                    404, "NotFound", f"the server could not find the requested resource ({request.path})"
+                )
             return _json(self._resource_list(group, version))
         params = request.query
         watch = _truthy(params.get("watch"))
         if rest[0] == "watch":  # the deprecated /watch/ path prefix
             watch, rest = True, rest[1:]
         ns = ""
-        if rest[0] == "namespaces" and len(rest) >= 3 and not (len(rest) == 3 and rest[2] in ("status", "finalize")):
+        if (
+            rest[0] == "namespaces"
+            and len(rest) >= 3
+            and not (len(rest) == 3 and rest[2] in ("status", "finalize"))
+        ):
             ns, rest = rest[1], rest[2:]
-        plural, name, sub = rest[0], (rest[1] if len(rest) > 1 else None), (rest[2] if len(rest) > 2 else None)
+        plural, name, sub = (
+            rest[0],
+            (rest[1] if len(rest) > 1 else None),
+            (rest[2] if len(rest) > 2 else None),
+        )
         if len(rest) > 3:
-            raise ApiError(404, "NotFound", f"the server could not find the requested resource ({request.path})")
+            raise ApiError(
+                404, "NotFound", f"the server could not find the requested resource ({request.path})"
+            )
         if group == "" and plural == "bindings" and name is None and request.method == "POST":
             self.authorize(user, "create", "", "bindings", ns, None)
             body = await self._body(request)
             return _json(self.bind(ns, body.get("metadata", {}).get("name", ""), body), 201)
         rt = self.registry.get(group, version, plural)
         if rt is None:
-            raise ApiError(404, "NotFound", f"the server could not find the requested resource ({request.path})")
+            raise ApiError(
+                404, "NotFound", f"the server could not find the requested resource ({request.path})"
+            )
         if rt.namespaced != bool(ns) and name is not None or (not rt.namespaced and ns):
-            raise ApiError(404, "NotFound", f"the server could not find the requested resource ({request.path})")
+            raise ApiError(
+                404, "NotFound", f"the server could not find the requested resource ({request.path})"
+            )
         method = request.method
-        verb = {"GET": "watch" if watch else ("get" if name else "list"), "POST": "create", "PUT": "update",
-                "PATCH": "patch", "DELETE": "delete" if name else "deletecollection"}.get(method, method.lower())
+        verb = {
+            "GET": "watch" if watch else ("get" if name else "list"),
+            "POST": "create",
+            "PUT": "update",
+            "PATCH": "patch",
+            "DELETE": "delete" if name else "deletecollection",
+        }.get(method, method.lower())
         self.authorize(user, verb, group, plural + (f"/{sub}" if sub else ""), ns, name)
         if group == "authorization.k8s.io" and method == "POST" and name is None:
             return _json(self.access_review(rt, user, await self._body(request)), 201)
@@ -337,8 +431,15 @@ class ApiServer:
                     return await self.watch(request, rt, version, ns or None, name)
                 obj = self.out(rt, version, self.get(rt, ns, name))
                 if "as=Table" in request.headers.get("Accept", ""):
-                    return _json(tables.to_table(rt, version, [obj], obj["metadata"]["resourceVersion"],
-                                                 params.get("includeObject", "Metadata")))
+                    return _json(
+                        tables.to_table(
+                            rt,
+                            version,
+                            [obj],
+                            obj["metadata"]["resourceVersion"],
+                            params.get("includeObject", "Metadata"),
+                        )
+                    )
                 return _json(obj)
             if method == "PUT":
                 body = await self._body(request)
@@ -354,11 +455,15 @@ class ApiServer:
                 return _json(self.out(rt, version, obj))
             raise method_not_allowed(f"{method} is not supported on {rt.qualified()}")
         if rt.key == POD_KEY and sub in ("exec", "attach", "portforward", "proxy"):
-            raise bad_request(f"pods/{sub} is not supported by the ftjob local cluster: a pod's containers are "
-                              f"processes on this machine (see `kubectl logs {name}`; their output is under "
-                              f"{self.logs_dir(ns, name)})")
+            raise bad_request(
+                f"pods/{sub} is not supported by the ftjob local cluster: a pod's containers are "
+                f"processes on this machine (see `kubectl logs {name}`; their output is under "
+                f"{self.logs_dir(ns, name)})"
+            )
         if sub not in rt.served_subresources(version):
-            raise ApiError(404, "NotFound", f"the server could not find the requested resource ({request.path})")
+            raise ApiError(
+                404, "NotFound", f"the server could not find the requested resource ({request.path})"
+            )
         if sub == "log":
             if method != "GET":
                 raise method_not_allowed("pods/log only supports GET")
@@ -380,7 +485,9 @@ class ApiServer:
                 return _json(self.out(rt, version, self.get(rt, ns, name)))
             body = await self._body(request)
             if method == "PUT":
-                return _json(self.out(rt, version, self.update(rt, version, ns, name, body, params, "status")))
+                return _json(
+                    self.out(rt, version, self.update(rt, version, ns, name, body, params, "status"))
+                )
             if method == "PATCH":
                 obj, _ = self.patch(rt, version, ns, name, body, request.content_type, params, "status")
                 return _json(self.out(rt, version, obj))
@@ -390,7 +497,9 @@ class ApiServer:
                 return _json(self.scale_of(rt, version, self.get(rt, ns, name)))
             body = await self._body(request)
             if method in ("PUT", "PATCH"):
-                return _json(self.set_scale(rt, version, ns, name, body, method, request.content_type, params))
+                return _json(
+                    self.set_scale(rt, version, ns, name, body, method, request.content_type, params)
+                )
             raise method_not_allowed(f"{method} is not supported on {rt.plural}/scale")
         raise ApiError(404, "NotFound", f"the server could not find the requested resource ({request.path})")
 
@@ -398,7 +507,7 @@ class ApiServer:
         warnings = obj.pop("__warnings__", None) if isinstance(obj, dict) else None
         if not warnings:
             return None
-        return {"Warning": ", ".join(f'299 - {json.dumps(w)}' for w in warnings)}
+        return {"Warning": ", ".join(f"299 - {json.dumps(w)}" for w in warnings)}
 
     def out(self, rt: ResourceType, version: str, obj: dict[str, Any]) -> dict[str, Any]:
         """An object as served at `version`: custom resources are stored once and shown at the version asked for."""
@@ -430,7 +539,9 @@ class ApiServer:
 
         return match
 
-    def list_response(self, request: web.Request, rt: ResourceType, version: str, ns: str | None) -> dict[str, Any]:
+    def list_response(
+        self, request: web.Request, rt: ResourceType, version: str, ns: str | None
+    ) -> dict[str, Any]:
         params = request.query
         match = self.matcher(params, ns)
         items = [o for o in self.store.list(rt.key, ns) if match(o)]
@@ -447,8 +558,9 @@ class ApiServer:
             items = [o for o in items if (o["metadata"].get("namespace", ""), o["metadata"]["name"]) > after]
         if limit and len(items) > limit:
             last = items[limit - 1]["metadata"]
-            meta["continue"] = base64.urlsafe_b64encode(_dumps(
-                {"ns": last.get("namespace", ""), "name": last["name"]}).encode()).decode()
+            meta["continue"] = base64.urlsafe_b64encode(
+                _dumps({"ns": last.get("namespace", ""), "name": last["name"]}).encode()
+            ).decode()
             meta["remainingItemCount"] = len(items) - limit
             items = items[:limit]
         accept = request.headers.get("Accept", "")
@@ -459,13 +571,22 @@ class ApiServer:
                 table["apiVersion"] = "meta.k8s.io/v1beta1"
             return table
         if "as=PartialObjectMetadataList" in accept:
-            return {"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": meta,
-                    "items": [tables.partial_metadata(o) for o in items]}
-        return {"kind": rt.list_kind, "apiVersion": rt.api_version(version), "metadata": meta,
-                "items": [self.out(rt, version, o) for o in items]}
+            return {
+                "kind": "PartialObjectMetadataList",
+                "apiVersion": "meta.k8s.io/v1",
+                "metadata": meta,
+                "items": [tables.partial_metadata(o) for o in items],
+            }
+        return {
+            "kind": rt.list_kind,
+            "apiVersion": rt.api_version(version),
+            "metadata": meta,
+            "items": [self.out(rt, version, o) for o in items],
+        }
 
-    async def watch(self, request: web.Request, rt: ResourceType, version: str, ns: str | None,
-                    name: str | None = None) -> web.StreamResponse:
+    async def watch(
+        self, request: web.Request, rt: ResourceType, version: str, ns: str | None, name: str | None = None
+    ) -> web.StreamResponse:
         params = request.query
         match = self.matcher(params, ns, name)
         as_table = "as=Table" in request.headers.get("Accept", "")
@@ -476,8 +597,9 @@ class ApiServer:
         send_initial = _truthy(params.get("sendInitialEvents"))
         queue: asyncio.Queue[Event] = asyncio.Queue()
         self.store.watchers.add(queue)  # before reading history: nothing falls between the two
-        resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json",
-                                                       "Cache-Control": "no-cache, private"})
+        resp = web.StreamResponse(
+            status=200, headers={"Content-Type": "application/json", "Cache-Control": "no-cache, private"}
+        )
         resp.enable_chunked_encoding()
         first = True
 
@@ -485,8 +607,14 @@ class ApiServer:
             nonlocal first
             shown = self.out(rt, version, obj)
             if as_table and etype != "BOOKMARK" and etype != "ERROR":
-                shown = tables.to_table(rt, version, [shown], shown["metadata"].get("resourceVersion", ""),
-                                        include_object, headers=first)
+                shown = tables.to_table(
+                    rt,
+                    version,
+                    [shown],
+                    shown["metadata"].get("resourceVersion", ""),
+                    include_object,
+                    headers=first,
+                )
                 first = False
             return (_dumps({"type": etype, "object": shown}) + "\n").encode()
 
@@ -511,7 +639,9 @@ class ApiServer:
                     if match(obj):
                         await resp.write(encode("ADDED", obj))
                 if send_initial:
-                    await resp.write(encode("BOOKMARK", self._bookmark(rt, version, last_rv, initial_end=True)))
+                    await resp.write(
+                        encode("BOOKMARK", self._bookmark(rt, version, last_rv, initial_end=True))
+                    )
             else:
                 try:
                     since = int(rv_param)
@@ -519,7 +649,9 @@ class ApiServer:
                     raise bad_request(f"invalid resourceVersion {rv_param!r}: it must be a number") from e
                 events = self.store.events_since(since, rt.key)
                 if events is None:
-                    gone = ApiError(410, "Expired", f"too old resource version: {since} ({self.store.history_start})")
+                    gone = ApiError(
+                        410, "Expired", f"too old resource version: {since} ({self.store.history_start})"
+                    )
                     await resp.write((_dumps({"type": "ERROR", "object": gone.status()}) + "\n").encode())
                     return resp
                 for ev in events:
@@ -570,22 +702,36 @@ class ApiServer:
         if nso is None:
             raise not_found("namespaces", "", ns)
         if creating and nso["metadata"].get("deletionTimestamp"):
-            raise forbidden(f'{rt.plural} "{ns}" is forbidden: unable to create new content in namespace {ns} '
-                            "because it is being terminated",
-                            {"name": ns, "kind": rt.plural, "causes": [{"reason": "NamespaceTerminating",
-                                                                        "message": f"namespace {ns} is being terminated",
-                                                                        "field": "metadata.namespace"}]})
+            raise forbidden(
+                f'{rt.plural} "{ns}" is forbidden: unable to create new content in namespace {ns} '
+                "because it is being terminated",
+                {
+                    "name": ns,
+                    "kind": rt.plural,
+                    "causes": [
+                        {
+                            "reason": "NamespaceTerminating",
+                            "message": f"namespace {ns} is being terminated",
+                            "field": "metadata.namespace",
+                        }
+                    ],
+                },
+            )
 
     def _check_kind(self, rt: ResourceType, version: str, body: dict[str, Any]) -> None:
         if not isinstance(body, dict):
             raise bad_request(f"the body must be a JSON object (a {rt.kind})")
         kind, api_version = body.get("kind"), body.get("apiVersion")
         if kind and kind != rt.kind:
-            raise bad_request(f"the kind of the body ({kind}) does not match the resource of the URL "
-                              f"({rt.qualified()}, kind {rt.kind})")
+            raise bad_request(
+                f"the kind of the body ({kind}) does not match the resource of the URL "
+                f"({rt.qualified()}, kind {rt.kind})"
+            )
         if api_version and api_version not in [rt.api_version(v) for v in rt.versions]:
-            raise bad_request(f"the apiVersion of the body ({api_version}) does not match the URL "
-                              f"({rt.api_version(version)})")
+            raise bad_request(
+                f"the apiVersion of the body ({api_version}) does not match the URL "
+                f"({rt.api_version(version)})"
+            )
 
     def create(self, rt: ResourceType, version: str, ns: str, body: Any, params: Any) -> dict[str, Any]:
         self._check_kind(rt, version, body)
@@ -595,8 +741,10 @@ class ApiServer:
             raise bad_request("metadata must be an object")
         if rt.namespaced:
             if meta.get("namespace") and meta["namespace"] != ns:
-                raise bad_request(f"the namespace of the provided object ({meta['namespace']}) does not match the "
-                                  f"namespace sent on the request ({ns})")
+                raise bad_request(
+                    f"the namespace of the provided object ({meta['namespace']}) does not match the "
+                    f"namespace sent on the request ({ns})"
+                )
             meta["namespace"] = ns
             self._check_namespace(rt, ns, creating=True)
         else:
@@ -608,8 +756,18 @@ class ApiServer:
                     if self.store.get(rt.key, ns, meta["name"]) is None:
                         break
             else:
-                raise invalid(rt.kind, rt.group, "", [FieldError("metadata.name", "Required value: name or "
-                                                                 "generateName is required", "FieldValueRequired")])
+                raise invalid(
+                    rt.kind,
+                    rt.group,
+                    "",
+                    [
+                        FieldError(
+                            "metadata.name",
+                            "Required value: name or generateName is required",
+                            "FieldValueRequired",
+                        )
+                    ],
+                )
         name = meta["name"]
         obj["apiVersion"] = rt.api_version(version)
         obj["kind"] = rt.kind
@@ -640,22 +798,43 @@ class ApiServer:
             self._after_write(rt, obj, None)
         return dict(obj, __warnings__=warnings) if warnings else obj
 
-    def update(self, rt: ResourceType, version: str, ns: str, name: str, body: Any, params: Any,
-               sub: str | None = None, precondition_required: bool = True) -> dict[str, Any]:
+    def update(
+        self,
+        rt: ResourceType,
+        version: str,
+        ns: str,
+        name: str,
+        body: Any,
+        params: Any,
+        sub: str | None = None,
+        precondition_required: bool = True,
+    ) -> dict[str, Any]:
         self._check_kind(rt, version, body)
         old = self.get(rt, ns, name)
         meta = body.get("metadata") or {}
         if meta.get("name") and meta["name"] != name:
-            raise bad_request(f"the name of the object ({meta['name']}) does not match the name on the URL ({name})")
+            raise bad_request(
+                f"the name of the object ({meta['name']}) does not match the name on the URL ({name})"
+            )
         if rt.namespaced and meta.get("namespace") and meta["namespace"] != ns:
-            raise bad_request(f"the namespace of the provided object ({meta['namespace']}) does not match the "
-                              f"namespace sent on the request ({ns})")
+            raise bad_request(
+                f"the namespace of the provided object ({meta['namespace']}) does not match the "
+                f"namespace sent on the request ({ns})"
+            )
         rv = meta.get("resourceVersion")
         if rv and str(rv) != old["metadata"]["resourceVersion"]:
             raise conflict(rt.plural, rt.group, name)
         if not rv and rt.crd is not None and precondition_required:
-            raise invalid(rt.kind, rt.group, name, [FieldError(
-                "metadata.resourceVersion", "Invalid value: 0x0: must be specified for an update")])
+            raise invalid(
+                rt.kind,
+                rt.group,
+                name,
+                [
+                    FieldError(
+                        "metadata.resourceVersion", "Invalid value: 0x0: must be specified for an update"
+                    )
+                ],
+            )
         with_status = rt.has_status(version)
         if sub == "status":
             new = copy.deepcopy(old)
@@ -673,8 +852,15 @@ class ApiServer:
                     new.pop("status", None)
         nmeta = new["metadata"]
         ometa = old["metadata"]
-        for k in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation",
-                  "namespace", "name"):
+        for k in (
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "generation",
+            "namespace",
+            "name",
+        ):
             if k in ometa:
                 nmeta[k] = ometa[k]
             else:
@@ -684,8 +870,10 @@ class ApiServer:
         if ometa.get("deletionTimestamp"):
             added = set(nmeta.get("finalizers") or []) - set(ometa.get("finalizers") or [])
             if added:
-                raise forbidden(f'{rt.plural} "{name}" is forbidden: no new finalizers can be added if the object '
-                                f"is being deleted, found new finalizers {sorted(added)}")
+                raise forbidden(
+                    f'{rt.plural} "{name}" is forbidden: no new finalizers can be added if the object '
+                    f"is being deleted, found new finalizers {sorted(added)}"
+                )
         if _spec_part(new, with_status) != _spec_part(old, with_status):
             nmeta["generation"] = int(ometa.get("generation", 1)) + 1
         self._admit(rt, version, new, old, params)
@@ -699,7 +887,11 @@ class ApiServer:
             return new
         warnings = new.pop("__warnings__", None)
         nmeta["resourceVersion"] = str(self.store.next_rv())
-        if nmeta.get("deletionTimestamp") and not nmeta.get("finalizers") and not self._grace_pending(rt, new):
+        if (
+            nmeta.get("deletionTimestamp")
+            and not nmeta.get("finalizers")
+            and not self._grace_pending(rt, new)
+        ):
             self._remove(rt, new)
             return new
         self.store.put(rt.key, new, old)
@@ -712,8 +904,17 @@ class ApiServer:
         """A pod whose grace period is running stays until the kubelet deletes it with grace 0."""
         return rt.key == POD_KEY and int(obj["metadata"].get("deletionGracePeriodSeconds") or 0) > 0
 
-    def patch(self, rt: ResourceType, version: str, ns: str, name: str, body: Any, content_type: str, params: Any,
-              sub: str | None = None) -> tuple[dict[str, Any], bool]:
+    def patch(
+        self,
+        rt: ResourceType,
+        version: str,
+        ns: str,
+        name: str,
+        body: Any,
+        content_type: str,
+        params: Any,
+        sub: str | None = None,
+    ) -> tuple[dict[str, Any], bool]:
         old = self.store.get(rt.key, ns if rt.namespaced else "", name)
         if content_type == "application/apply-patch+yaml":
             # Server-side apply, simplified: create when missing, else merge (no field ownership tracking).
@@ -731,14 +932,22 @@ class ApiServer:
                 patched = merge_patch(current, body)
             elif content_type == "application/strategic-merge-patch+json":
                 if rt.crd is not None:
-                    raise ApiError(415, "UnsupportedMediaType", "the body of the request was in an unknown format - "
-                                   "accepted media types include: application/json-patch+json, "
-                                   "application/merge-patch+json, application/apply-patch+yaml")
+                    raise ApiError(
+                        415,
+                        "UnsupportedMediaType",
+                        "the body of the request was in an unknown format - "
+                        "accepted media types include: application/json-patch+json, "
+                        "application/merge-patch+json, application/apply-patch+yaml",
+                    )
                 patched = strategic_merge_patch(current, body)
             else:
-                raise ApiError(415, "UnsupportedMediaType", f"unsupported patch type {content_type!r}: use "
-                               "application/json-patch+json, application/merge-patch+json or "
-                               "application/strategic-merge-patch+json")
+                raise ApiError(
+                    415,
+                    "UnsupportedMediaType",
+                    f"unsupported patch type {content_type!r}: use "
+                    "application/json-patch+json, application/merge-patch+json or "
+                    "application/strategic-merge-patch+json",
+                )
         if not isinstance(patched, dict):
             raise bad_request("the patch must leave an object")
         patched.setdefault("metadata", {})
@@ -749,22 +958,36 @@ class ApiServer:
         return self.update(rt, version, ns, name, patched, params, sub), False
 
     # ---------------------------------------------------------------- admission (defaults + validation per type)
-    def _admit(self, rt: ResourceType, version: str, obj: dict[str, Any], old: dict[str, Any] | None,
-               params: Any) -> None:
+    def _admit(
+        self, rt: ResourceType, version: str, obj: dict[str, Any], old: dict[str, Any] | None, params: Any
+    ) -> None:
         name = obj["metadata"]["name"]
         meta = obj["metadata"]
         for field in ("labels", "annotations"):
             value = meta.get(field)
-            if value is not None and (not isinstance(value, dict) or
-                                      not all(isinstance(v, str) for v in value.values())):
-                raise invalid(rt.kind, rt.group, name, [FieldError(f"metadata.{field}",
-                              "Invalid value: must be a map of string keys to string values")])
+            if value is not None and (
+                not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values())
+            ):
+                raise invalid(
+                    rt.kind,
+                    rt.group,
+                    name,
+                    [
+                        FieldError(
+                            f"metadata.{field}",
+                            "Invalid value: must be a map of string keys to string values",
+                        )
+                    ],
+                )
         meta_errors = _label_errors(meta.get("labels") or {})
         for i, ref in enumerate(meta.get("ownerReferences") or []):
             for f in ("apiVersion", "kind", "name", "uid"):
                 if not isinstance(ref, dict) or not ref.get(f):
-                    meta_errors.append(FieldError(f"metadata.ownerReferences[{i}].{f}", "Required value",
-                                                  "FieldValueRequired"))
+                    meta_errors.append(
+                        FieldError(
+                            f"metadata.ownerReferences[{i}].{f}", "Required value", "FieldValueRequired"
+                        )
+                    )
         if meta_errors:
             raise invalid(rt.kind, rt.group, name, meta_errors)
         if rt.crd is not None:
@@ -775,24 +998,29 @@ class ApiServer:
             unknown = builtin_schemas.unknown_fields(obj)
             if unknown and mode == "Strict":
                 fields = ", ".join(f'unknown field "{u}"' for u in unknown)
-                raise bad_request(f'{rt.kind} in version "{rt.versions[0]}" cannot be handled as a {rt.kind}: '
-                                  f"strict decoding error: {fields}")
+                raise bad_request(
+                    f'{rt.kind} in version "{rt.versions[0]}" cannot be handled as a {rt.kind}: '
+                    f"strict decoding error: {fields}"
+                )
             if unknown:
                 obj["__warnings__"] = [f'unknown field "{u}"' for u in unknown]
         hook = getattr(self, "_admit_" + rt.plural, None)
         if hook is not None and (rt.group in ("", "apiextensions.k8s.io")):
             hook(rt, obj, old)
 
-    def _admit_custom(self, rt: ResourceType, version: str, obj: dict[str, Any], old: dict[str, Any] | None,
-                      params: Any) -> None:
+    def _admit_custom(
+        self, rt: ResourceType, version: str, obj: dict[str, Any], old: dict[str, Any] | None, params: Any
+    ) -> None:
         schema = (rt.crd_version(version).get("schema") or {}).get("openAPIV3Schema") or {}
         processed, unknown, errors = process_custom_resource(obj, old, schema)
         name = obj["metadata"]["name"]
         mode = params.get("fieldValidation", "Warn")
         if unknown and mode == "Strict":
             fields = ", ".join(f'unknown field "{u}"' for u in unknown)
-            raise bad_request(f'{rt.kind} in version "{version}" cannot be handled as a {rt.kind}: '
-                              f"strict decoding error: {fields}")
+            raise bad_request(
+                f'{rt.kind} in version "{version}" cannot be handled as a {rt.kind}: '
+                f"strict decoding error: {fields}"
+            )
         if errors:
             raise invalid(rt.kind, rt.group, name, errors)
         obj.clear()
@@ -809,30 +1037,57 @@ class ApiServer:
         for kind in ("initContainers", "containers"):
             for i, c in enumerate(spec.get(kind) or []):
                 if not isinstance(c, dict) or not c.get("name"):
-                    errors.append(FieldError(f"spec.{kind}[{i}].name", "Required value", "FieldValueRequired"))
+                    errors.append(
+                        FieldError(f"spec.{kind}[{i}].name", "Required value", "FieldValueRequired")
+                    )
                     continue
                 if len(c["name"]) > 63 or not _DNS1123_LABEL.match(c["name"]):
-                    errors.append(FieldError(f"spec.{kind}[{i}].name", f'Invalid value: "{c["name"]}": a lowercase '
-                                             "RFC 1123 label of at most 63 characters"))
+                    errors.append(
+                        FieldError(
+                            f"spec.{kind}[{i}].name",
+                            f'Invalid value: "{c["name"]}": a lowercase '
+                            "RFC 1123 label of at most 63 characters",
+                        )
+                    )
                 if not c.get("image"):
-                    errors.append(FieldError(f"spec.{kind}[{i}].image", "Required value", "FieldValueRequired"))
+                    errors.append(
+                        FieldError(f"spec.{kind}[{i}].image", "Required value", "FieldValueRequired")
+                    )
                 c.setdefault("terminationMessagePath", "/dev/termination-log")
                 c.setdefault("terminationMessagePolicy", "File")
-                c.setdefault("imagePullPolicy", "Always" if str(c.get("image", "")).endswith(":latest") or
-                             ":" not in str(c.get("image", "")) else "IfNotPresent")
+                c.setdefault(
+                    "imagePullPolicy",
+                    "Always"
+                    if str(c.get("image", "")).endswith(":latest") or ":" not in str(c.get("image", ""))
+                    else "IfNotPresent",
+                )
                 for p in c.get("ports") or []:
                     p.setdefault("protocol", "TCP")
-        if old is not None and (old.get("spec") or {}).get("nodeName") and \
-                spec.get("nodeName") != old["spec"]["nodeName"]:
-            errors.append(FieldError("spec.nodeName", "Forbidden: pod updates may not change nodeName once set",
-                                     "FieldValueForbidden"))
+        if (
+            old is not None
+            and (old.get("spec") or {}).get("nodeName")
+            and spec.get("nodeName") != old["spec"]["nodeName"]
+        ):
+            errors.append(
+                FieldError(
+                    "spec.nodeName",
+                    "Forbidden: pod updates may not change nodeName once set",
+                    "FieldValueForbidden",
+                )
+            )
         elif old is not None and _pod_spec_fixed_part(spec) != _pod_spec_fixed_part(old.get("spec") or {}):
             # As in Kubernetes: what a real cluster refuses must fail here too, not only in production.
-            errors.append(FieldError("spec", "Forbidden: pod updates may not change fields other than "
-                                     "`spec.containers[*].image`, `spec.initContainers[*].image`, "
-                                     "`spec.activeDeadlineSeconds`, `spec.tolerations` (only additions to existing "
-                                     "tolerations), `spec.terminationGracePeriodSeconds`; delete and recreate the "
-                                     "pod instead", "FieldValueForbidden"))
+            errors.append(
+                FieldError(
+                    "spec",
+                    "Forbidden: pod updates may not change fields other than "
+                    "`spec.containers[*].image`, `spec.initContainers[*].image`, "
+                    "`spec.activeDeadlineSeconds`, `spec.tolerations` (only additions to existing "
+                    "tolerations), `spec.terminationGracePeriodSeconds`; delete and recreate the "
+                    "pod instead",
+                    "FieldValueForbidden",
+                )
+            )
         if errors:
             raise invalid(rt.kind, rt.group, obj["metadata"]["name"], errors)
         spec.setdefault("restartPolicy", "Always")
@@ -853,20 +1108,30 @@ class ApiServer:
         for i, p in enumerate(spec.get("ports") or []):
             port = p.get("port")
             if not isinstance(port, int) or not 1 <= port <= 65535:
-                errors.append(FieldError(f"spec.ports[{i}].port", f"Invalid value: {port}: must be between 1 and "
-                                         "65535, inclusive"))
+                errors.append(
+                    FieldError(
+                        f"spec.ports[{i}].port",
+                        f"Invalid value: {port}: must be between 1 and 65535, inclusive",
+                    )
+                )
             p.setdefault("protocol", "TCP")
             p.setdefault("targetPort", port)
         old_ip = (old or {}).get("spec", {}).get("clusterIP")
         if old_ip:
             if spec.get("clusterIP") and spec["clusterIP"] != old_ip:
-                errors.append(FieldError("spec.clusterIP", f'Invalid value: "{spec["clusterIP"]}": field is immutable'))
+                errors.append(
+                    FieldError("spec.clusterIP", f'Invalid value: "{spec["clusterIP"]}": field is immutable')
+                )
             spec["clusterIP"] = old_ip
         elif spec.get("clusterIP") and spec["clusterIP"] != "None":
             taken = {(s.get("spec") or {}).get("clusterIP") for s in self.store.list(SVC_KEY)}
             if spec["clusterIP"] in taken:
-                errors.append(FieldError("spec.clusterIP", f'Invalid value: "{spec["clusterIP"]}": provided IP is '
-                                         "already allocated"))
+                errors.append(
+                    FieldError(
+                        "spec.clusterIP",
+                        f'Invalid value: "{spec["clusterIP"]}": provided IP is already allocated',
+                    )
+                )
         elif not spec.get("clusterIP"):
             spec["clusterIP"] = self._allocate_cluster_ip()
         if errors:
@@ -900,35 +1165,53 @@ class ApiServer:
         obj.setdefault("type", "Opaque")
         annotations = obj["metadata"].get("annotations") or {}
         sa_name = annotations.get("kubernetes.io/service-account.name")
-        if obj["type"] == "kubernetes.io/service-account-token" and sa_name and \
-                not (obj.get("data") or {}).get("token"):
+        if (
+            obj["type"] == "kubernetes.io/service-account-token"
+            and sa_name
+            and not (obj.get("data") or {}).get("token")
+        ):
             # The token controller's job in Kubernetes: fill in a token for the named ServiceAccount.
             ns = obj["metadata"]["namespace"]
             sa = self.store.get(SA_KEY, ns, sa_name)
             if sa is None:
-                raise invalid("Secret", "", obj["metadata"]["name"], [FieldError(
-                    "metadata.annotations[kubernetes.io/service-account.name]",
-                    f'Invalid value: "{sa_name}": no ServiceAccount of that name in namespace {ns}; create it first')])
+                raise invalid(
+                    "Secret",
+                    "",
+                    obj["metadata"]["name"],
+                    [
+                        FieldError(
+                            "metadata.annotations[kubernetes.io/service-account.name]",
+                            f'Invalid value: "{sa_name}": no ServiceAccount of that name in namespace {ns}; create it first',
+                        )
+                    ],
+                )
             annotations["kubernetes.io/service-account.uid"] = sa["metadata"]["uid"]
             obj["metadata"]["annotations"] = annotations
             token = self.tokens.issue(ns, sa_name, sa["metadata"]["uid"])
-            obj.setdefault("data", {}).update({"token": base64.b64encode(token.encode()).decode(),
-                                               "namespace": base64.b64encode(ns.encode()).decode()})
+            obj.setdefault("data", {}).update(
+                {
+                    "token": base64.b64encode(token.encode()).decode(),
+                    "namespace": base64.b64encode(ns.encode()).decode(),
+                }
+            )
         data = obj.get("data") or {}
         for key, value in data.items():
             try:
                 base64.b64decode(value, validate=True)
             except (ValueError, TypeError) as e:
-                raise bad_request(f"Secret in version \"v1\" cannot be handled as a Secret: data[{key}] is not "
-                                  "valid base64; put plain text under stringData instead") from e
+                raise bad_request(
+                    f'Secret in version "v1" cannot be handled as a Secret: data[{key}] is not '
+                    "valid base64; put plain text under stringData instead"
+                ) from e
         string_data = obj.pop("stringData", None) or {}
         for key, value in string_data.items():
             data[key] = base64.b64encode(str(value).encode()).decode()
         if data:
             obj["data"] = data
 
-    def _admit_customresourcedefinitions(self, rt: ResourceType, obj: dict[str, Any],
-                                         old: dict[str, Any] | None) -> None:
+    def _admit_customresourcedefinitions(
+        self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None
+    ) -> None:
         name = obj["metadata"]["name"]
         spec = obj.get("spec") or {}
         errors: list[FieldError] = []
@@ -937,32 +1220,61 @@ class ApiServer:
         if not group:
             errors.append(FieldError("spec.group", "Required value", "FieldValueRequired"))
         elif "." not in group:
-            errors.append(FieldError("spec.group", f'Invalid value: "{group}": should be a domain with at least one dot'))
+            errors.append(
+                FieldError(
+                    "spec.group", f'Invalid value: "{group}": should be a domain with at least one dot'
+                )
+            )
         for f in ("plural", "kind"):
             if not names.get(f):
                 errors.append(FieldError(f"spec.names.{f}", "Required value", "FieldValueRequired"))
         if names.get("plural") and group and name != f"{names['plural']}.{group}":
-            errors.append(FieldError("metadata.name", f'Invalid value: "{name}": must be spec.names.plural+"."+spec.group'))
+            errors.append(
+                FieldError(
+                    "metadata.name", f'Invalid value: "{name}": must be spec.names.plural+"."+spec.group'
+                )
+            )
         scope = spec.get("scope")
         if scope not in ("Namespaced", "Cluster"):
-            errors.append(FieldError("spec.scope", f'Unsupported value: "{scope}": supported values: "Cluster", '
-                                     '"Namespaced"', "FieldValueNotSupported"))
+            errors.append(
+                FieldError(
+                    "spec.scope",
+                    f'Unsupported value: "{scope}": supported values: "Cluster", "Namespaced"',
+                    "FieldValueNotSupported",
+                )
+            )
         versions = spec.get("versions") or []
         if not versions:
-            errors.append(FieldError("spec.versions", "Invalid value: must have exactly one version marked as "
-                                     "storage version"))
+            errors.append(
+                FieldError(
+                    "spec.versions", "Invalid value: must have exactly one version marked as storage version"
+                )
+            )
         elif sum(1 for v in versions if v.get("storage")) != 1:
-            errors.append(FieldError("spec.versions", "Invalid value: must have exactly one version marked as "
-                                     "storage version"))
+            errors.append(
+                FieldError(
+                    "spec.versions", "Invalid value: must have exactly one version marked as storage version"
+                )
+            )
         for i, v in enumerate(versions):
             schema = (v.get("schema") or {}).get("openAPIV3Schema")
             if not isinstance(schema, dict):
-                errors.append(FieldError(f"spec.versions[{i}].schema.openAPIV3Schema", "Required value: schemas are "
-                                         "required", "FieldValueRequired"))
+                errors.append(
+                    FieldError(
+                        f"spec.versions[{i}].schema.openAPIV3Schema",
+                        "Required value: schemas are required",
+                        "FieldValueRequired",
+                    )
+                )
                 continue
             if schema.get("type") != "object":
-                errors.append(FieldError(f"spec.versions[{i}].schema.openAPIV3Schema.type",
-                                         "Required value: must be object at the root", "FieldValueRequired"))
+                errors.append(
+                    FieldError(
+                        f"spec.versions[{i}].schema.openAPIV3Schema.type",
+                        "Required value: must be object at the root",
+                        "FieldValueRequired",
+                    )
+                )
             errors += check_cel_rules(schema, f"spec.versions[{i}].schema.openAPIV3Schema")
             for j, col in enumerate(v.get("additionalPrinterColumns") or []):
                 where = f"spec.versions[{i}].additionalPrinterColumns[{j}]"
@@ -970,9 +1282,14 @@ class ApiServer:
                     if not col.get(f):
                         errors.append(FieldError(f"{where}.{f}", "Required value", "FieldValueRequired"))
                 if col.get("type") and col["type"] not in ("integer", "number", "string", "boolean", "date"):
-                    errors.append(FieldError(f"{where}.type", f'Unsupported value: "{col["type"]}": supported '
-                                             'values: "boolean", "date", "integer", "number", "string"',
-                                             "FieldValueNotSupported"))
+                    errors.append(
+                        FieldError(
+                            f"{where}.type",
+                            f'Unsupported value: "{col["type"]}": supported '
+                            'values: "boolean", "date", "integer", "number", "string"',
+                            "FieldValueNotSupported",
+                        )
+                    )
                 try:
                     if col.get("jsonPath"):
                         tables.parse_column_path(col["jsonPath"])
@@ -993,10 +1310,20 @@ class ApiServer:
         obj["status"] = {
             "acceptedNames": copy.deepcopy(names),
             "conditions": [
-                {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts",
-                 "message": "no conflicts found", "lastTransitionTime": now},
-                {"type": "Established", "status": "True", "reason": "InitialNamesAccepted",
-                 "message": "the initial names have been accepted", "lastTransitionTime": now},
+                {
+                    "type": "NamesAccepted",
+                    "status": "True",
+                    "reason": "NoConflicts",
+                    "message": "no conflicts found",
+                    "lastTransitionTime": now,
+                },
+                {
+                    "type": "Established",
+                    "status": "True",
+                    "reason": "InitialNamesAccepted",
+                    "message": "the initial names have been accepted",
+                    "lastTransitionTime": now,
+                },
             ],
             "storedVersions": stored,
         }
@@ -1030,12 +1357,21 @@ class ApiServer:
         meta = obj["metadata"]
         pre = opts.get("preconditions") or {}
         if pre.get("uid") and pre["uid"] != meta["uid"]:
-            raise conflict(rt.plural, rt.group, name, f"Precondition failed: UID in precondition: {pre['uid']}, "
-                                                      f"UID in object meta: {meta['uid']}")
+            raise conflict(
+                rt.plural,
+                rt.group,
+                name,
+                f"Precondition failed: UID in precondition: {pre['uid']}, UID in object meta: {meta['uid']}",
+            )
         if pre.get("resourceVersion") and pre["resourceVersion"] != meta["resourceVersion"]:
-            raise conflict(rt.plural, rt.group, name, "Precondition failed: ResourceVersion in precondition: "
-                                                      f"{pre['resourceVersion']}, ResourceVersion in object meta: "
-                                                      f"{meta['resourceVersion']}")
+            raise conflict(
+                rt.plural,
+                rt.group,
+                name,
+                "Precondition failed: ResourceVersion in precondition: "
+                f"{pre['resourceVersion']}, ResourceVersion in object meta: "
+                f"{meta['resourceVersion']}",
+            )
         if opts.get("dryRun"):
             return obj
         policy = opts.get("propagationPolicy") or ("Orphan" if opts.get("orphanDependents") else "Background")
@@ -1055,7 +1391,11 @@ class ApiServer:
         new = copy.deepcopy(obj)
         nmeta = new["metadata"]
         finalizers = list(nmeta.get("finalizers") or [])
-        if policy == "Foreground" and self.store.by_owner(meta["uid"]) and "foregroundDeletion" not in finalizers:
+        if (
+            policy == "Foreground"
+            and self.store.by_owner(meta["uid"])
+            and "foregroundDeletion" not in finalizers
+        ):
             finalizers.append("foregroundDeletion")
             nmeta["finalizers"] = finalizers
         if rt.key == NS_KEY:
@@ -1106,8 +1446,11 @@ class ApiServer:
             dmeta = dep["metadata"]
             if dmeta.get("deletionTimestamp") and policy == "Background":
                 continue
-            owners_left = [r for r in dmeta.get("ownerReferences") or []
-                           if r.get("uid") != owner_uid and r.get("uid") in self.store.by_uid]
+            owners_left = [
+                r
+                for r in dmeta.get("ownerReferences") or []
+                if r.get("uid") != owner_uid and r.get("uid") in self.store.by_uid
+            ]
             if owners_left:
                 continue
             dep_rt = self.registry.types.get(key)
@@ -1129,7 +1472,9 @@ class ApiServer:
             return
         rt = self.registry.types[key]
         new = copy.deepcopy(owner)
-        new["metadata"]["finalizers"] = [f for f in new["metadata"]["finalizers"] if f != "foregroundDeletion"]
+        new["metadata"]["finalizers"] = [
+            f for f in new["metadata"]["finalizers"] if f != "foregroundDeletion"
+        ]
         if not new["metadata"]["finalizers"]:
             new["metadata"].pop("finalizers")
         new["metadata"]["resourceVersion"] = str(self.store.next_rv())
@@ -1180,17 +1525,27 @@ class ApiServer:
         final["metadata"]["resourceVersion"] = str(self.store.next_rv())
         self.store.remove(NS_KEY, final)
 
-    def delete_collection(self, rt: ResourceType, version: str, ns: str | None, params: Any,
-                          body: Any) -> dict[str, Any]:
+    def delete_collection(
+        self, rt: ResourceType, version: str, ns: str | None, params: Any, body: Any
+    ) -> dict[str, Any]:
         match = self.matcher(params, ns)
         opts = self._delete_options(params, body)
         deleted = []
         for obj in self.store.list(rt.key, ns):
             if match(obj):
-                deleted.append(self.out(rt, version, self.delete(rt, obj["metadata"].get("namespace", ""),
-                                                                 obj["metadata"]["name"], opts)))
-        return {"kind": rt.list_kind, "apiVersion": rt.api_version(version),
-                "metadata": {"resourceVersion": str(self.store.rv)}, "items": deleted}
+                deleted.append(
+                    self.out(
+                        rt,
+                        version,
+                        self.delete(rt, obj["metadata"].get("namespace", ""), obj["metadata"]["name"], opts),
+                    )
+                )
+        return {
+            "kind": rt.list_kind,
+            "apiVersion": rt.api_version(version),
+            "metadata": {"resourceVersion": str(self.store.rv)},
+            "items": deleted,
+        }
 
     # ---------------------------------------------------------------- pod subresources
     def bind(self, ns: str, name: str, body: Any) -> dict[str, Any]:
@@ -1199,16 +1554,30 @@ class ApiServer:
         target = (body or {}).get("target") or {}
         node = target.get("name")
         if not node:
-            raise invalid("Binding", "", name, [FieldError("target.name", "Required value", "FieldValueRequired")])
+            raise invalid(
+                "Binding", "", name, [FieldError("target.name", "Required value", "FieldValueRequired")]
+            )
         if (pod.get("spec") or {}).get("nodeName"):
-            raise conflict("pods/binding", "", name, f"pod {name} is already assigned to node "
-                                                     f"\"{pod['spec']['nodeName']}\"")
+            raise conflict(
+                "pods/binding",
+                "",
+                name,
+                f'pod {name} is already assigned to node "{pod["spec"]["nodeName"]}"',
+            )
         if pod["metadata"].get("deletionTimestamp"):
-            raise conflict("pods/binding", "", name, f"pod {name} is being deleted, cannot be assigned to a host")
+            raise conflict(
+                "pods/binding", "", name, f"pod {name} is being deleted, cannot be assigned to a host"
+            )
         new = copy.deepcopy(pod)
         new["spec"]["nodeName"] = node
-        conds = [c for c in (new.setdefault("status", {}).get("conditions") or []) if c.get("type") != "PodScheduled"]
-        conds.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None, "lastTransitionTime": now_iso()})
+        conds = [
+            c
+            for c in (new.setdefault("status", {}).get("conditions") or [])
+            if c.get("type") != "PodScheduled"
+        ]
+        conds.append(
+            {"type": "PodScheduled", "status": "True", "lastProbeTime": None, "lastTransitionTime": now_iso()}
+        )
         new["status"]["conditions"] = conds
         new["metadata"]["resourceVersion"] = str(self.store.next_rv())
         self.store.put(POD_KEY, new, pod)
@@ -1223,14 +1592,37 @@ class ApiServer:
                 if not select(pod["metadata"].get("labels") or {}):
                     continue
                 if not self._pdb_allows(pdb, ns, select):
-                    raise ApiError(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's "
-                                   f"disruption budget {pdb['metadata']['name']!r}.",
-                                   {"causes": [{"reason": "DisruptionBudget", "message": "The disruption budget "
-                                                f"{pdb['metadata']['name']} does not allow more disruptions"}]})
+                    raise ApiError(
+                        429,
+                        "TooManyRequests",
+                        "Cannot evict pod as it would violate the pod's "
+                        f"disruption budget {pdb['metadata']['name']!r}.",
+                        {
+                            "causes": [
+                                {
+                                    "reason": "DisruptionBudget",
+                                    "message": "The disruption budget "
+                                    f"{pdb['metadata']['name']} does not allow more disruptions",
+                                }
+                            ]
+                        },
+                    )
         new = copy.deepcopy(pod)
-        conds = [c for c in (new.setdefault("status", {}).get("conditions") or []) if c.get("type") != "DisruptionTarget"]
-        conds.append({"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
-                      "message": "Eviction API: evicting", "lastProbeTime": None, "lastTransitionTime": now_iso()})
+        conds = [
+            c
+            for c in (new.setdefault("status", {}).get("conditions") or [])
+            if c.get("type") != "DisruptionTarget"
+        ]
+        conds.append(
+            {
+                "type": "DisruptionTarget",
+                "status": "True",
+                "reason": "EvictionByEvictionAPI",
+                "message": "Eviction API: evicting",
+                "lastProbeTime": None,
+                "lastTransitionTime": now_iso(),
+            }
+        )
         new["status"]["conditions"] = conds
         new["metadata"]["resourceVersion"] = str(self.store.next_rv())
         self.store.put(POD_KEY, new, pod)
@@ -1264,8 +1656,9 @@ class ApiServer:
         container = params.get("container")
         if not container:
             if len(names) != 1:
-                raise bad_request(f"a container name must be specified for pod {name}, choose one of: "
-                                  f"[{' '.join(names)}]")
+                raise bad_request(
+                    f"a container name must be specified for pod {name}, choose one of: [{' '.join(names)}]"
+                )
             container = names[0]
         if container not in names:
             raise bad_request(f"container {container} is not valid for pod {name}")
@@ -1274,7 +1667,9 @@ class ApiServer:
         if not os.path.exists(path):
             if suffix == ".previous.log":
                 raise bad_request(f'previous terminated container "{container}" in pod "{name}" not found')
-            raise bad_request(f'container "{container}" in pod "{name}" is waiting to start: ContainerCreating')
+            raise bad_request(
+                f'container "{container}" in pod "{name}" is waiting to start: ContainerCreating'
+            )
         tail = int(params["tailLines"]) if params.get("tailLines") else None
         limit = int(params["limitBytes"]) if params.get("limitBytes") else None
         with open(path, "rb") as f:
@@ -1300,13 +1695,16 @@ class ApiServer:
                     offset = f.tell()
                 if chunk:
                     if limit is not None:
-                        chunk = chunk[:limit - sent]
+                        chunk = chunk[: limit - sent]
                     await resp.write(chunk)
                     sent += len(chunk)
                     continue
                 current = self.store.get(POD_KEY, ns, name)
-                if current is None or current["metadata"]["uid"] != pod["metadata"]["uid"] or \
-                        _container_done(current, container):
+                if (
+                    current is None
+                    or current["metadata"]["uid"] != pod["metadata"]["uid"]
+                    or _container_done(current, container)
+                ):
                     break
                 if request.transport is None or request.transport.is_closing():
                     break
@@ -1320,12 +1718,19 @@ class ApiServer:
     def token_request(self, ns: str, name: str, body: Any) -> dict[str, Any]:
         sa = self.get(self.registry.types[SA_KEY], ns, name)
         expires = int(((body or {}).get("spec") or {}).get("expirationSeconds") or 3600)
-        return {"kind": "TokenRequest", "apiVersion": "authentication.k8s.io/v1",
-                "metadata": {"name": name, "namespace": ns, "creationTimestamp": None},
-                "spec": {"audiences": ((body or {}).get("spec") or {}).get("audiences") or [],
-                         "expirationSeconds": expires},
-                "status": {"token": self.tokens.issue(ns, name, sa["metadata"]["uid"], expires),
-                           "expirationTimestamp": now_iso(expires)}}
+        return {
+            "kind": "TokenRequest",
+            "apiVersion": "authentication.k8s.io/v1",
+            "metadata": {"name": name, "namespace": ns, "creationTimestamp": None},
+            "spec": {
+                "audiences": ((body or {}).get("spec") or {}).get("audiences") or [],
+                "expirationSeconds": expires,
+            },
+            "status": {
+                "token": self.tokens.issue(ns, name, sa["metadata"]["uid"], expires),
+                "expirationTimestamp": now_iso(expires),
+            },
+        }
 
     def access_review(self, rt: ResourceType, user: User | None, body: Any) -> dict[str, Any]:
         spec = (body or {}).get("spec") or {}
@@ -1333,9 +1738,18 @@ class ApiServer:
             user = User.named(spec.get("user", ""), spec.get("groups") or [])
         attrs = spec.get("resourceAttributes") or {}
         if attrs:
-            resource = attrs.get("resource", "") + (f"/{attrs['subresource']}" if attrs.get("subresource") else "")
-            allowed = user is None or rbac_allows(self.store, user, attrs.get("verb", ""), attrs.get("group", ""),
-                                                  resource, attrs.get("namespace", ""), attrs.get("name") or None)
+            resource = attrs.get("resource", "") + (
+                f"/{attrs['subresource']}" if attrs.get("subresource") else ""
+            )
+            allowed = user is None or rbac_allows(
+                self.store,
+                user,
+                attrs.get("verb", ""),
+                attrs.get("group", ""),
+                resource,
+                attrs.get("namespace", ""),
+                attrs.get("name") or None,
+            )
         else:  # non-resource URLs (discovery, /version, /healthz) are open to every authenticated user
             allowed = True
         out = dict(body or {})
@@ -1348,10 +1762,15 @@ class ApiServer:
         spec = rt.scale_spec(version) or {}
         meta = obj["metadata"]
         scale: dict[str, Any] = {
-            "kind": "Scale", "apiVersion": "autoscaling/v1",
-            "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
-                         if k in meta},
-            "spec": {}, "status": {"replicas": 0},
+            "kind": "Scale",
+            "apiVersion": "autoscaling/v1",
+            "metadata": {
+                k: meta[k]
+                for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+                if k in meta
+            },
+            "spec": {},
+            "status": {"replicas": 0},
         }
         replicas = _get_path(obj, spec.get("specReplicasPath", ".spec.replicas"))
         if replicas is not None:
@@ -1364,16 +1783,28 @@ class ApiServer:
                 scale["status"]["selector"] = selector
         return scale
 
-    def set_scale(self, rt: ResourceType, version: str, ns: str, name: str, body: Any, method: str,
-                  content_type: str, params: Any) -> dict[str, Any]:
+    def set_scale(
+        self,
+        rt: ResourceType,
+        version: str,
+        ns: str,
+        name: str,
+        body: Any,
+        method: str,
+        content_type: str,
+        params: Any,
+    ) -> dict[str, Any]:
         obj = self.get(rt, ns, name)
         current = self.scale_of(rt, version, obj)
         if method == "PUT":
             new_scale = body
         elif content_type == "application/json-patch+json":
             new_scale = json_patch(current, body)
-        elif content_type in ("application/merge-patch+json", "application/strategic-merge-patch+json",
-                              "application/apply-patch+yaml"):
+        elif content_type in (
+            "application/merge-patch+json",
+            "application/strategic-merge-patch+json",
+            "application/apply-patch+yaml",
+        ):
             new_scale = merge_patch(current, body)
         else:
             raise ApiError(415, "UnsupportedMediaType", f"unsupported patch type {content_type!r}")
@@ -1382,8 +1813,12 @@ class ApiServer:
             raise conflict(rt.plural, rt.group, name)
         replicas = (new_scale.get("spec") or {}).get("replicas")
         if not isinstance(replicas, int) or replicas < 0:
-            raise invalid("Scale", "autoscaling", name, [FieldError("spec.replicas", f"Invalid value: {replicas}: "
-                                                                    "must be a non-negative integer")])
+            raise invalid(
+                "Scale",
+                "autoscaling",
+                name,
+                [FieldError("spec.replicas", f"Invalid value: {replicas}: must be a non-negative integer")],
+            )
         new = self.out(rt, version, copy.deepcopy(obj))
         _set_path(new, (rt.scale_spec(version) or {}).get("specReplicasPath", ".spec.replicas"), replicas)
         updated = self.update(rt, version, ns, name, new, params)
@@ -1408,18 +1843,32 @@ def _label_errors(labels: dict[str, str]) -> list[FieldError]:
     errors = []
     for key, value in labels.items():
         prefix, _, label = key.rpartition("/")
-        if (prefix and (len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix))) or len(label) > 63 \
-                or not _LABEL_NAME.match(label):
-            errors.append(FieldError("metadata.labels", f'Invalid value: "{key}": a label key is an optional DNS '
-                                     "subdomain prefix and '/' followed by a name of at most 63 alphanumeric "
-                                     "characters, '-', '_' or '.', starting and ending with an alphanumeric"))
+        if (
+            (prefix and (len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix)))
+            or len(label) > 63
+            or not _LABEL_NAME.match(label)
+        ):
+            errors.append(
+                FieldError(
+                    "metadata.labels",
+                    f'Invalid value: "{key}": a label key is an optional DNS '
+                    "subdomain prefix and '/' followed by a name of at most 63 alphanumeric "
+                    "characters, '-', '_' or '.', starting and ending with an alphanumeric",
+                )
+            )
         if len(value) > 63:
-            errors.append(FieldError("metadata.labels", f'Invalid value: "{value}": must be no more than 63 '
-                                     "characters"))
+            errors.append(
+                FieldError("metadata.labels", f'Invalid value: "{value}": must be no more than 63 characters')
+            )
         elif value and not _LABEL_NAME.match(value):
-            errors.append(FieldError("metadata.labels", f'Invalid value: "{value}": a valid label must be an empty '
-                                     "string or consist of alphanumeric characters, '-', '_' or '.', and must start "
-                                     "and end with an alphanumeric character"))
+            errors.append(
+                FieldError(
+                    "metadata.labels",
+                    f'Invalid value: "{value}": a valid label must be an empty '
+                    "string or consist of alphanumeric characters, '-', '_' or '.', and must start "
+                    "and end with an alphanumeric character",
+                )
+            )
     return errors
 
 
@@ -1430,15 +1879,22 @@ def _pod_spec_fixed_part(spec: dict[str, Any]) -> dict[str, Any]:
         for c in fixed.get(kind) or []:
             if isinstance(c, dict):
                 c.pop("image", None)
-    for key in ("activeDeadlineSeconds", "tolerations", "terminationGracePeriodSeconds", "schedulingGates",
-                "nodeName"):
+    for key in (
+        "activeDeadlineSeconds",
+        "tolerations",
+        "terminationGracePeriodSeconds",
+        "schedulingGates",
+        "nodeName",
+    ):
         fixed.pop(key, None)
     return fixed
 
 
 def _qos_class(spec: dict[str, Any]) -> str:
-    reqs = [((c.get("resources") or {}).get("requests") or {}, (c.get("resources") or {}).get("limits") or {})
-            for c in spec.get("containers") or []]
+    reqs = [
+        ((c.get("resources") or {}).get("requests") or {}, (c.get("resources") or {}).get("limits") or {})
+        for c in spec.get("containers") or []
+    ]
     if not any(r or lim for r, lim in reqs):
         return "BestEffort"
     if all(lim.get("cpu") and lim.get("memory") and (not r or r == lim) for r, lim in reqs):
@@ -1447,8 +1903,10 @@ def _qos_class(spec: dict[str, Any]) -> str:
 
 
 def _pod_ready(pod: dict[str, Any]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or [])
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
 
 
 def _container_done(pod: dict[str, Any], container: str) -> bool:

@@ -35,14 +35,19 @@ class Store:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             self._lock.close()
-            raise RuntimeError(f"another API server is already using the state dir {state_dir}; stop it first "
-                               "(or pick another --state-dir)") from e
-        self.db = sqlite3.connect(os.path.join(state_dir, "objects.sqlite"), isolation_level=None,
-                                  check_same_thread=False)
+            raise RuntimeError(
+                f"another API server is already using the state dir {state_dir}; stop it first "
+                "(or pick another --state-dir)"
+            ) from e
+        self.db = sqlite3.connect(
+            os.path.join(state_dir, "objects.sqlite"), isolation_level=None, check_same_thread=False
+        )
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.execute("CREATE TABLE IF NOT EXISTS objects (grp TEXT, res TEXT, ns TEXT, name TEXT, data TEXT, "
-                        "PRIMARY KEY (grp, res, ns, name))")
+        self.db.execute(
+            "CREATE TABLE IF NOT EXISTS objects (grp TEXT, res TEXT, ns TEXT, name TEXT, data TEXT, "
+            "PRIMARY KEY (grp, res, ns, name))"
+        )
         self.db.execute("CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT)")
         row = self.db.execute("SELECT v FROM meta WHERE k='rv'").fetchone()
         self.rv = int(row[0]) if row else 0
@@ -53,7 +58,9 @@ class Store:
         self.history_start = self.rv  # every event after this resourceVersion is in `history`
         self.watchers: set[asyncio.Queue[Event]] = set()
         self.by_uid: dict[str, tuple[Key, str, str]] = {}
-        self.dependents: dict[str, set[tuple[Key, str, str]]] = collections.defaultdict(set)  # owner uid -> objects
+        self.dependents: dict[str, set[tuple[Key, str, str]]] = collections.defaultdict(
+            set
+        )  # owner uid -> objects
         for key, objs in self.objects.items():
             for (ns, name), obj in objs.items():
                 self.by_uid[obj["metadata"]["uid"]] = (key, ns, name)
@@ -92,7 +99,9 @@ class Store:
         out = []
         for key, ns, name in sorted(self.dependents.get(uid, ())):
             obj = self.objects[key].get((ns, name))
-            if obj is not None and any(r.get("uid") == uid for r in obj["metadata"].get("ownerReferences") or []):
+            if obj is not None and any(
+                r.get("uid") == uid for r in obj["metadata"].get("ownerReferences") or []
+            ):
                 out.append((key, obj))
         return out
 
@@ -101,8 +110,10 @@ class Store:
         meta = obj["metadata"]
         ns, name = meta.get("namespace", ""), meta["name"]
         with self.db:
-            self.db.execute("INSERT OR REPLACE INTO objects VALUES (?, ?, ?, ?, ?)",
-                            (key[0], key[1], ns, name, json.dumps(obj, separators=(",", ":"))))
+            self.db.execute(
+                "INSERT OR REPLACE INTO objects VALUES (?, ?, ?, ?, ?)",
+                (key[0], key[1], ns, name, json.dumps(obj, separators=(",", ":"))),
+            )
             self.db.execute("INSERT OR REPLACE INTO meta VALUES ('rv', ?)", (str(self.rv),))
         self._index_owners(key, ns, name, self.objects[key].get((ns, name)), add=False)
         self.objects[key][(ns, name)] = obj
@@ -115,7 +126,9 @@ class Store:
         meta = obj["metadata"]
         ns, name = meta.get("namespace", ""), meta["name"]
         with self.db:
-            self.db.execute("DELETE FROM objects WHERE grp=? AND res=? AND ns=? AND name=?", (key[0], key[1], ns, name))
+            self.db.execute(
+                "DELETE FROM objects WHERE grp=? AND res=? AND ns=? AND name=?", (key[0], key[1], ns, name)
+            )
             self.db.execute("INSERT OR REPLACE INTO meta VALUES ('rv', ?)", (str(self.rv),))
         old = self.objects[key].pop((ns, name), None)
         self._index_owners(key, ns, name, old, add=False)

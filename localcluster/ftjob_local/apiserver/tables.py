@@ -64,7 +64,9 @@ def _pod_status(o: dict[str, Any]) -> str:
             reason = state["waiting"]["reason"]
         elif "terminated" in state:
             t = state["terminated"]
-            reason = t.get("reason") or (f"Signal:{t['signal']}" if t.get("signal") else f"ExitCode:{t.get('exitCode')}")
+            reason = t.get("reason") or (
+                f"Signal:{t['signal']}" if t.get("signal") else f"ExitCode:{t.get('exitCode')}"
+            )
     if o["metadata"].get("deletionTimestamp"):
         reason = "Terminating"
     return reason
@@ -77,11 +79,15 @@ def _pod_ready(o: dict[str, Any]) -> str:
 
 
 def _pod_restarts(o: dict[str, Any]) -> int:
-    return sum(int(c.get("restartCount") or 0) for c in (o.get("status") or {}).get("containerStatuses") or [])
+    return sum(
+        int(c.get("restartCount") or 0) for c in (o.get("status") or {}).get("containerStatuses") or []
+    )
 
 
 def _node_status(o: dict[str, Any]) -> str:
-    ready = next((c for c in (o.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), None)
+    ready = next(
+        (c for c in (o.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), None
+    )
     s = "Ready" if ready and ready.get("status") == "True" else "NotReady" if ready else "Unknown"
     if (o.get("spec") or {}).get("unschedulable"):
         s += ",SchedulingDisabled"
@@ -90,7 +96,7 @@ def _node_status(o: dict[str, Any]) -> str:
 
 def _node_roles(o: dict[str, Any]) -> str:
     prefix = "node-role.kubernetes.io/"
-    roles = [k[len(prefix):] for k in o["metadata"].get("labels") or {} if k.startswith(prefix)]
+    roles = [k[len(prefix) :] for k in o["metadata"].get("labels") or {} if k.startswith(prefix)]
     return ",".join(sorted(roles)) or "<none>"
 
 
@@ -105,7 +111,9 @@ def _event_object(o: dict[str, Any]) -> str:
 
 
 def _event_last_seen(o: dict[str, Any]) -> str:
-    return human_duration(o.get("lastTimestamp") or o.get("eventTime") or o["metadata"].get("creationTimestamp"))
+    return human_duration(
+        o.get("lastTimestamp") or o.get("eventTime") or o["metadata"].get("creationTimestamp")
+    )
 
 
 def _ready_replicas(o: dict[str, Any]) -> str:
@@ -115,27 +123,55 @@ def _ready_replicas(o: dict[str, Any]) -> str:
 
 BUILTIN_COLUMNS: dict[tuple[str, str], list[Column]] = {
     ("", "pods"): [
-        ("Ready", "string", 0, _pod_ready), ("Status", "string", 0, _pod_status),
-        ("Restarts", "string", 0, _pod_restarts), ("Age", "string", 0, _age),
+        ("Ready", "string", 0, _pod_ready),
+        ("Status", "string", 0, _pod_status),
+        ("Restarts", "string", 0, _pod_restarts),
+        ("Age", "string", 0, _age),
         ("IP", "string", 1, lambda o: (o.get("status") or {}).get("podIP") or "<none>"),
         ("Node", "string", 1, lambda o: (o.get("spec") or {}).get("nodeName") or "<none>"),
-        ("Nominated Node", "string", 1, lambda o: (o.get("status") or {}).get("nominatedNodeName") or "<none>"),
+        (
+            "Nominated Node",
+            "string",
+            1,
+            lambda o: (o.get("status") or {}).get("nominatedNodeName") or "<none>",
+        ),
         ("Readiness Gates", "string", 1, lambda o: "<none>"),
     ],
     ("", "nodes"): [
-        ("Status", "string", 0, _node_status), ("Roles", "string", 0, _node_roles), ("Age", "string", 0, _age),
-        ("Version", "string", 0, lambda o: ((o.get("status") or {}).get("nodeInfo") or {}).get("kubeletVersion", "")),
+        ("Status", "string", 0, _node_status),
+        ("Roles", "string", 0, _node_roles),
+        ("Age", "string", 0, _age),
+        (
+            "Version",
+            "string",
+            0,
+            lambda o: ((o.get("status") or {}).get("nodeInfo") or {}).get("kubeletVersion", ""),
+        ),
     ],
     ("", "services"): [
         ("Type", "string", 0, lambda o: (o.get("spec") or {}).get("type", "ClusterIP")),
         ("Cluster-IP", "string", 0, lambda o: (o.get("spec") or {}).get("clusterIP") or "<none>"),
-        ("External-IP", "string", 0, lambda o: ",".join((o.get("spec") or {}).get("externalIPs") or []) or "<none>"),
-        ("Port(s)", "string", 0, _svc_ports), ("Age", "string", 0, _age),
-        ("Selector", "string", 1, lambda o: ",".join(f"{k}={v}" for k, v in
-                                                     ((o.get("spec") or {}).get("selector") or {}).items()) or "<none>"),
+        (
+            "External-IP",
+            "string",
+            0,
+            lambda o: ",".join((o.get("spec") or {}).get("externalIPs") or []) or "<none>",
+        ),
+        ("Port(s)", "string", 0, _svc_ports),
+        ("Age", "string", 0, _age),
+        (
+            "Selector",
+            "string",
+            1,
+            lambda o: (
+                ",".join(f"{k}={v}" for k, v in ((o.get("spec") or {}).get("selector") or {}).items())
+                or "<none>"
+            ),
+        ),
     ],
     ("", "namespaces"): [
-        ("Status", "string", 0, lambda o: (o.get("status") or {}).get("phase", "Active")), ("Age", "string", 0, _age),
+        ("Status", "string", 0, lambda o: (o.get("status") or {}).get("phase", "Active")),
+        ("Age", "string", 0, _age),
     ],
     ("", "configmaps"): [
         ("Data", "integer", 0, lambda o: len(o.get("data") or {}) + len(o.get("binaryData") or {})),
@@ -143,16 +179,21 @@ BUILTIN_COLUMNS: dict[tuple[str, str], list[Column]] = {
     ],
     ("", "secrets"): [
         ("Type", "string", 0, lambda o: o.get("type", "Opaque")),
-        ("Data", "integer", 0, lambda o: len(o.get("data") or {})), ("Age", "string", 0, _age),
+        ("Data", "integer", 0, lambda o: len(o.get("data") or {})),
+        ("Age", "string", 0, _age),
     ],
     ("", "events"): [
-        ("Last Seen", "string", 0, _event_last_seen), ("Type", "string", 0, lambda o: o.get("type", "")),
-        ("Reason", "string", 0, lambda o: o.get("reason", "")), ("Object", "string", 0, _event_object),
+        ("Last Seen", "string", 0, _event_last_seen),
+        ("Type", "string", 0, lambda o: o.get("type", "")),
+        ("Reason", "string", 0, lambda o: o.get("reason", "")),
+        ("Object", "string", 0, _event_object),
         ("Message", "string", 0, lambda o: o.get("message") or o.get("note") or ""),
     ],
     ("events.k8s.io", "events"): [
-        ("Last Seen", "string", 0, _event_last_seen), ("Type", "string", 0, lambda o: o.get("type", "")),
-        ("Reason", "string", 0, lambda o: o.get("reason", "")), ("Object", "string", 0, _event_object),
+        ("Last Seen", "string", 0, _event_last_seen),
+        ("Type", "string", 0, lambda o: o.get("type", "")),
+        ("Reason", "string", 0, lambda o: o.get("reason", "")),
+        ("Object", "string", 0, _event_object),
         ("Message", "string", 0, lambda o: o.get("note", "")),
     ],
     ("apps", "deployments"): [
@@ -161,9 +202,13 @@ BUILTIN_COLUMNS: dict[tuple[str, str], list[Column]] = {
         ("Available", "integer", 0, lambda o: (o.get("status") or {}).get("availableReplicas", 0)),
         ("Age", "string", 0, _age),
     ],
-    ("", "serviceaccounts"): [("Secrets", "integer", 0, lambda o: len(o.get("secrets") or [])), ("Age", "string", 0, _age)],
+    ("", "serviceaccounts"): [
+        ("Secrets", "integer", 0, lambda o: len(o.get("secrets") or [])),
+        ("Age", "string", 0, _age),
+    ],
     ("coordination.k8s.io", "leases"): [
-        ("Holder", "string", 0, lambda o: (o.get("spec") or {}).get("holderIdentity", "")), ("Age", "string", 0, _age),
+        ("Holder", "string", 0, lambda o: (o.get("spec") or {}).get("holderIdentity", "")),
+        ("Age", "string", 0, _age),
     ],
     ("apiextensions.k8s.io", "customresourcedefinitions"): [
         ("Created At", "date", 0, lambda o: o["metadata"].get("creationTimestamp", "")),
@@ -235,8 +280,15 @@ def columns_for(rt: ResourceType, version: str) -> list[Column]:
         cols = rt.crd_version(version).get("additionalPrinterColumns")
         if not cols:
             return [("Age", "date", 0, _age)]
-        return [(c["name"], c.get("type", "string"), int(c.get("priority", 0)),
-                 _jsonpath_getter(c["jsonPath"], c.get("type", "string"))) for c in cols]
+        return [
+            (
+                c["name"],
+                c.get("type", "string"),
+                int(c.get("priority", 0)),
+                _jsonpath_getter(c["jsonPath"], c.get("type", "string")),
+            )
+            for c in cols
+        ]
     return BUILTIN_COLUMNS.get(rt.key, [("Age", "string", 0, _age)])
 
 
@@ -244,13 +296,34 @@ def partial_metadata(obj: dict[str, Any]) -> dict[str, Any]:
     return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
 
 
-def to_table(rt: ResourceType, version: str, objs: list[dict[str, Any]], rv: str, include_object: str,
-             headers: bool = True) -> dict[str, Any]:
+def to_table(
+    rt: ResourceType,
+    version: str,
+    objs: list[dict[str, Any]],
+    rv: str,
+    include_object: str,
+    headers: bool = True,
+) -> dict[str, Any]:
     cols = columns_for(rt, version)
-    defs = [{"name": "Name", "type": "string", "format": "name", "priority": 0,
-             "description": "Name must be unique within a namespace."}]
-    defs += [{"name": n, "type": "string" if t == "date" else t, "format": "date" if t == "date" else "",
-              "priority": p, "description": n} for n, t, p, _ in cols]
+    defs = [
+        {
+            "name": "Name",
+            "type": "string",
+            "format": "name",
+            "priority": 0,
+            "description": "Name must be unique within a namespace.",
+        }
+    ]
+    defs += [
+        {
+            "name": n,
+            "type": "string" if t == "date" else t,
+            "format": "date" if t == "date" else "",
+            "priority": p,
+            "description": n,
+        }
+        for n, t, p, _ in cols
+    ]
     rows = []
     for obj in objs:
         cells: list[Any] = [obj["metadata"]["name"]]
@@ -265,7 +338,11 @@ def to_table(rt: ResourceType, version: str, objs: list[dict[str, Any]], rv: str
         elif include_object != "None":
             row["object"] = partial_metadata(obj)
         rows.append(row)
-    table: dict[str, Any] = {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": rv},
-                             "rows": rows}
+    table: dict[str, Any] = {
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": {"resourceVersion": rv},
+        "rows": rows,
+    }
     table["columnDefinitions"] = defs if headers else []
     return table

@@ -26,14 +26,24 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.nodes < 0 or args.spot_nodes < 0 or args.nodes + args.spot_nodes == 0:
         p.error("--nodes and --spot-nodes must be >= 0 and at least one node in total")
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     logging.getLogger("urllib3").setLevel(logging.ERROR)  # its retry warnings repeat what our own logs say
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    agent = NodeAgent(args.kubeconfig, args.state_dir, args.nodes, args.spot_nodes, args.gpus, args.cpu,
-                      args.memory, args.max_pods)
+    agent = NodeAgent(
+        args.kubeconfig,
+        args.state_dir,
+        args.nodes,
+        args.spot_nodes,
+        args.gpus,
+        args.cpu,
+        args.memory,
+        args.max_pods,
+    )
     try:
         agent.start()
         logging.info("node agent ready: nodes %s", ", ".join(sorted(agent.served)))

@@ -30,21 +30,37 @@ def total_memory() -> str:
 
 
 class NodeAgent:
-    def __init__(self, kubeconfig: str, state_dir: Path, nodes: int = 1, spot_nodes: int = 2, gpus: int = 0,
-                 cpu: str | None = None, memory: str | None = None, max_pods: int = 1000):
+    def __init__(
+        self,
+        kubeconfig: str,
+        state_dir: Path,
+        nodes: int = 1,
+        spot_nodes: int = 2,
+        gpus: int = 0,
+        cpu: str | None = None,
+        memory: str | None = None,
+        max_pods: int = 1000,
+    ):
         self.kube = Kube(kubeconfig)
         self.state_dir = Path(state_dir)
         self.dir = self.state_dir / "node-agent"
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.capacity = {"cpu": cpu or str(os.cpu_count() or 1), "memory": memory or total_memory(),
-                         "pods": str(max_pods), "nvidia.com/gpu": str(gpus), "ephemeral-storage": "100Gi"}
+        self.capacity = {
+            "cpu": cpu or str(os.cpu_count() or 1),
+            "memory": memory or total_memory(),
+            "pods": str(max_pods),
+            "nvidia.com/gpu": str(gpus),
+            "ephemeral-storage": "100Gi",
+        }
         self._lock = threading.Lock()
         state = self._load_state()
         if state.get("served") is not None:
             self.served: set[str] = set(state["served"])
             self.next_index = dict(state.get("next") or {"node": nodes, "spot": spot_nodes})
         else:
-            self.served = {f"local-node-{i}" for i in range(nodes)} | {f"local-spot-{i}" for i in range(spot_nodes)}
+            self.served = {f"local-node-{i}" for i in range(nodes)} | {
+                f"local-spot-{i}" for i in range(spot_nodes)
+            }
             self.next_index = {"node": nodes, "spot": spot_nodes}
         # preemption request ids (random) in the order they were handled: a dict keeps insertion order, so the
         # saved state keeps the newest 200, not the alphabetically largest
@@ -67,36 +83,69 @@ class NodeAgent:
 
     def _save_state(self) -> None:
         tmp = self.dir / "state.json.tmp"
-        tmp.write_text(json.dumps({"served": sorted(self.served), "next": self.next_index,
-                                   "handled": list(self.handled)[-200:]}))
+        tmp.write_text(
+            json.dumps(
+                {"served": sorted(self.served), "next": self.next_index, "handled": list(self.handled)[-200:]}
+            )
+        )
         tmp.replace(self.dir / "state.json")
 
     # --- nodes -------------------------------------------------------------------------------------------------------
     def _node_object(self, name: str) -> Obj:
-        labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-                  "node.kubernetes.io/instance-type": "local", "ftjob.dev/local-node": "true"}
+        labels = {
+            "kubernetes.io/hostname": name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+            "node.kubernetes.io/instance-type": "local",
+            "ftjob.dev/local-node": "true",
+        }
         if name.startswith("local-spot-"):
             labels[SPOT_LABEL] = "true"
-        return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}, "spec": {},
-                "status": self._node_status(None)}
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {},
+            "status": self._node_status(None),
+        }
 
     def _node_status(self, current: Obj | None) -> Obj:
         conds = ((current or {}).get("status") or {}).get("conditions") or []
         for ctype in ("MemoryPressure", "DiskPressure", "PIDPressure"):
-            conds = set_condition(conds, ctype, "False", f"KubeletHasNo{ctype}" if ctype != "PIDPressure"
-                                  else "KubeletHasSufficientPID", "")
+            conds = set_condition(
+                conds,
+                ctype,
+                "False",
+                f"KubeletHasNo{ctype}" if ctype != "PIDPressure" else "KubeletHasSufficientPID",
+                "",
+            )
         conds = set_condition(conds, "Ready", "True", "KubeletReady", "local kubelet is posting ready status")
         now = now_rfc3339()
         for c in conds:
             c["lastHeartbeatTime"] = now
             c.pop("lastProbeTime", None)
-        return {"capacity": self.capacity, "allocatable": self.capacity, "conditions": conds,
-                "addresses": [{"type": "InternalIP", "address": HOST_IP}, {"type": "Hostname", "address": HOST_IP}],
-                "nodeInfo": {"kubeletVersion": KUBELET_VERSION, "kubeProxyVersion": KUBELET_VERSION,
-                             "operatingSystem": "linux", "architecture": "amd64", "containerRuntimeVersion":
-                             "local-process://1", "osImage": "ftjob local", "kernelVersion": os.uname().release,
-                             "machineID": "", "systemUUID": "", "bootID": ""},
-                "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}}}
+        return {
+            "capacity": self.capacity,
+            "allocatable": self.capacity,
+            "conditions": conds,
+            "addresses": [
+                {"type": "InternalIP", "address": HOST_IP},
+                {"type": "Hostname", "address": HOST_IP},
+            ],
+            "nodeInfo": {
+                "kubeletVersion": KUBELET_VERSION,
+                "kubeProxyVersion": KUBELET_VERSION,
+                "operatingSystem": "linux",
+                "architecture": "amd64",
+                "containerRuntimeVersion": "local-process://1",
+                "osImage": "ftjob local",
+                "kernelVersion": os.uname().release,
+                "machineID": "",
+                "systemUUID": "",
+                "bootID": "",
+            },
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
+        }
 
     def register(self, name: str) -> None:
         try:
@@ -119,17 +168,27 @@ class NodeAgent:
 
     def _renew_lease(self, name: str) -> None:
         path = f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NAMESPACE}/leases"
-        spec = {"holderIdentity": name, "leaseDurationSeconds": 40,
-                "renewTime": now_rfc3339().replace("Z", ".000000Z")}
+        spec = {
+            "holderIdentity": name,
+            "leaseDurationSeconds": 40,
+            "renewTime": now_rfc3339().replace("Z", ".000000Z"),
+        }
         try:
             try:
                 self.kube.merge_patch(f"{path}/{name}", {"spec": spec})
             except ApiError as e:
                 if e.status != 404:
                     raise
-                self.kube.request("POST", path, body={"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                                                      "metadata": {"name": name, "namespace": LEASE_NAMESPACE},
-                                                      "spec": spec})
+                self.kube.request(
+                    "POST",
+                    path,
+                    body={
+                        "apiVersion": "coordination.k8s.io/v1",
+                        "kind": "Lease",
+                        "metadata": {"name": name, "namespace": LEASE_NAMESPACE},
+                        "spec": spec,
+                    },
+                )
         except ApiError as e:  # leases are a nicety here: the Ready condition is what the scheduler reads
             log.debug("lease for %s: %s", name, e)
 
@@ -206,8 +265,13 @@ class NodeAgent:
         for name in sorted(self.served):  # what the node lifecycle controller would say after 40 s
             try:
                 current = self.nodes.get("", name) or {}
-                conds = set_condition((current.get("status") or {}).get("conditions") or [], "Ready", "Unknown",
-                                      "NodeStatusUnknown", "Kubelet stopped posting node status.")
+                conds = set_condition(
+                    (current.get("status") or {}).get("conditions") or [],
+                    "Ready",
+                    "Unknown",
+                    "NodeStatusUnknown",
+                    "Kubelet stopped posting node status.",
+                )
                 self.kube.merge_patch(node_path(name, "status"), {"status": {"conditions": conds}})
             except Exception:
                 pass

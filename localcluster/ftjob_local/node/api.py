@@ -60,12 +60,25 @@ class Kube:
             headers["Content-Type"] = content_type or "application/json"
         params = [(k, str(v).lower() if isinstance(v, bool) else str(v)) for k, v in (query or {}).items()]
         m, url, hdrs, b, _ = self.client.param_serialize(
-            method, path, query_params=params or None, header_params=headers, body=body, auth_settings=["BearerToken"]
+            method,
+            path,
+            query_params=params or None,
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
         )
         return self.client.call_api(m, url, header_params=hdrs, body=b, _request_timeout=timeout)
 
-    def request(self, method: str, path: str, *, query: dict | None = None, body: Any = None,
-                content_type: str | None = None, timeout: float = 30) -> Obj:
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: dict | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+        timeout: float = 30,
+    ) -> Obj:
         resp = self._send(method, path, query, body, content_type, timeout)
         data = resp.read()
         if not 200 <= resp.status < 300:
@@ -99,8 +112,12 @@ class Kube:
 
     def watch(self, path: str, resource_version: str, timeout_seconds: int = 60) -> Iterator[Obj]:
         """Yields watch events (dicts with type and object); raises ApiError(410) when the version is too old."""
-        query = {"watch": "true", "resourceVersion": resource_version, "allowWatchBookmarks": "true",
-                 "timeoutSeconds": timeout_seconds}
+        query = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": timeout_seconds,
+        }
         resp = self._send("GET", path, query, None, None, (10, timeout_seconds + 15))
         try:
             if not 200 <= resp.status < 300:
@@ -111,7 +128,9 @@ class Kube:
                 event = json.loads(line)
                 if event.get("type") == "ERROR":
                     status = event.get("object") or {}
-                    raise ApiError(int(status.get("code") or 500), status.get("message", ""), status.get("reason", ""))
+                    raise ApiError(
+                        int(status.get("code") or 500), status.get("message", ""), status.get("reason", "")
+                    )
                 yield event
         finally:
             resp.response.release_conn()
@@ -215,7 +234,9 @@ class Informer:
         return (doc.get("metadata") or {}).get("resourceVersion", "0")
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.1, what: str = "condition") -> Any:
+def wait_for(
+    predicate: Callable[[], Any], timeout: float, interval: float = 0.1, what: str = "condition"
+) -> Any:
     """Polls predicate until it returns something truthy; raises TimeoutError naming what it waited for."""
     deadline = time.monotonic() + timeout
     while True:

@@ -13,7 +13,9 @@ from .api import ApiError, Kube, Obj, now_micro, now_rfc3339
 log = logging.getLogger(__name__)
 
 SPOT_LABEL = "ftjob.dev/spot"
-PREEMPT_ANNOTATION = "ftjob.dev/preempt-request"  # JSON written by `ftjob local preempt`, read by the node agent
+PREEMPT_ANNOTATION = (
+    "ftjob.dev/preempt-request"  # JSON written by `ftjob local preempt`, read by the node agent
+)
 SPOT_TAINT_KEY = "aws-node-termination-handler/spot-itn"
 RESOURCES = ("cpu", "memory", "nvidia.com/gpu")
 
@@ -41,7 +43,9 @@ def condition(obj: Obj, ctype: str) -> Obj | None:
     return None
 
 
-def set_condition(conditions: list[Obj], ctype: str, status: str, reason: str = "", message: str = "") -> list[Obj]:
+def set_condition(
+    conditions: list[Obj], ctype: str, status: str, reason: str = "", message: str = ""
+) -> list[Obj]:
     """Returns conditions with ctype set; lastTransitionTime only moves when the status changes."""
     out = [dict(c) for c in conditions]
     for c in out:
@@ -50,8 +54,16 @@ def set_condition(conditions: list[Obj], ctype: str, status: str, reason: str = 
                 c["lastTransitionTime"] = now_rfc3339()
             c.update(status=status, reason=reason or None, message=message or None)
             return out
-    out.append({"type": ctype, "status": status, "reason": reason or None, "message": message or None,
-                "lastProbeTime": None, "lastTransitionTime": now_rfc3339()})
+    out.append(
+        {
+            "type": ctype,
+            "status": status,
+            "reason": reason or None,
+            "message": message or None,
+            "lastProbeTime": None,
+            "lastTransitionTime": now_rfc3339(),
+        }
+    )
     return out
 
 
@@ -76,8 +88,16 @@ def pod_requests(pod: Obj) -> dict[str, Decimal]:
     return total
 
 
-def post_event(kube: Kube, obj: Obj, reason: str, message: str, *, type_: str = "Normal",
-               component: str = "kubelet", host: str = "") -> None:
+def post_event(
+    kube: Kube,
+    obj: Obj,
+    reason: str,
+    message: str,
+    *,
+    type_: str = "Normal",
+    component: str = "kubelet",
+    host: str = "",
+) -> None:
     """Records a core/v1 Event about obj; failures are logged, never raised (events are best effort)."""
     m = meta(obj)
     namespace = m.get("namespace") or "default"
@@ -87,8 +107,14 @@ def post_event(kube: Kube, obj: Obj, reason: str, message: str, *, type_: str = 
         "apiVersion": "v1",
         "kind": "Event",
         "metadata": {"name": f"{m.get('name')}.{uuid.uuid4().hex[:16]}", "namespace": namespace},
-        "involvedObject": {"apiVersion": "v1", "kind": kind, "name": m.get("name"), "namespace": m.get("namespace"),
-                           "uid": m.get("uid"), "resourceVersion": m.get("resourceVersion")},
+        "involvedObject": {
+            "apiVersion": "v1",
+            "kind": kind,
+            "name": m.get("name"),
+            "namespace": m.get("namespace"),
+            "uid": m.get("uid"),
+            "resourceVersion": m.get("resourceVersion"),
+        },
         "reason": reason,
         "message": message,
         "type": type_,
