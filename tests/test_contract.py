@@ -70,3 +70,16 @@ def test_contract_imports_no_torch():
     # The operator image has no torch: importing the contract (and the package) must not pull it in.
     code = "import sys, ftjob_trainer.contract; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_time_round_trip_is_utc_with_z():
+    from datetime import datetime, timedelta, timezone
+
+    t = datetime(2026, 12, 3, 14, 5, 6, 789000, tzinfo=timezone(timedelta(hours=2)))
+    assert contract.format_time(t) == "2026-12-03T12:05:06Z"
+    assert contract.format_time_micro(t) == "2026-12-03T12:05:06.789000Z"
+    assert contract.parse_time("2026-12-03T12:05:06Z") == datetime(2026, 12, 3, 12, 5, 6, tzinfo=timezone.utc)
+    assert contract.parse_time(contract.format_time_micro(t)) == t
+    assert contract.parse_time("") is None and contract.parse_time(None) is None
+    with pytest.raises(ValueError):
+        contract.parse_time("yesterday")

@@ -6,6 +6,8 @@ with both sides; tests/test_contract.py pins the values.
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 # --- Exit codes of `python -m ftjob_trainer.train` -------------------------------------------------------------
 EXIT_DONE = 0  # the last step is done: the only success
 EXIT_ERROR = 1  # a real error (a bug, a bad checkpoint that left nothing to load, a failed collective)
@@ -62,3 +64,26 @@ REASON_PEER = "peer-stopped"  # another rank was signalled; this one stopped (an
 REASON_DEADLINE = "save-skipped-deadline"  # a save could not fit the deadline; the last committed one is kept
 REASON_DONE = "done"
 REASON_ERROR = "error"
+
+
+# --- Time on the wire ------------------------------------------------------------------------------------------
+# RFC 3339 in UTC with a "Z", as Kubernetes writes it; the one home of these helpers for every part.
+def format_time(t: datetime) -> str:
+    """Seconds precision (metav1.Time)."""
+    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def format_time_micro(t: datetime) -> str:
+    """Microseconds precision (metav1.MicroTime, as events and leases carry)."""
+    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def now_rfc3339() -> str:
+    return format_time(datetime.now(timezone.utc))
+
+
+def parse_time(s: str | None) -> datetime | None:
+    """An aware UTC datetime, or None for an empty value. A malformed value raises ValueError."""
+    if not s:
+        return None
+    return datetime.fromisoformat(s.replace("Z", "+00:00")).astimezone(timezone.utc)
