@@ -83,3 +83,19 @@ def test_time_round_trip_is_utc_with_z():
     assert contract.parse_time("") is None and contract.parse_time(None) is None
     with pytest.raises(ValueError):
         contract.parse_time("yesterday")
+
+
+def test_events_round_trip_through_prefixed_lines():
+    line = contract.event_line(
+        contract.EVENT_CHECKPOINT_COMMITTED, time=1.5, rank=0, step=7, path="/c/step-7"
+    )
+    assert contract.parse_event(line)["step"] == 7
+    assert contract.parse_event("[default0]:" + line) == contract.parse_event(line)
+    assert contract.parse_event("2026-12-03 12:00:00,000 rank0 INFO x: step 3 loss 1.0") is None
+    assert contract.parse_event('{"event": "no-such-event"}') is None
+    assert contract.parse_event('{"event": "exit", truncated') is None
+    lines = ["noise", line, contract.event_line(contract.EVENT_EXIT, code=0, reason="done")]
+    assert [e["event"] for e in contract.parse_events(lines)] == ["checkpoint_committed", "exit"]
+    with pytest.raises(ValueError, match="unknown event"):
+        contract.event_line("typo")
+    assert len(set(contract.EVENTS)) == len(contract.EVENTS)

@@ -6,7 +6,9 @@ with both sides; tests/test_contract.py pins the values.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
+from typing import Any
 
 # --- Exit codes of `python -m ftjob_trainer.train` -------------------------------------------------------------
 EXIT_DONE = 0  # the last step is done: the only success
@@ -87,3 +89,75 @@ def parse_time(s: str | None) -> datetime | None:
     if not s:
         return None
     return datetime.fromisoformat(s.replace("Z", "+00:00")).astimezone(timezone.utc)
+
+
+# --- Structured events (the trainer's log stream) --------------------------------------------------------------
+# The trainer writes one JSON object per line for every moment that matters; the demo, the benches and the tests
+# read these, never free-form log text. Every event has: "event" (a name below), "time" (unix seconds, float),
+# "rank" (global rank, or null before the process group exists), "pid"; the rest are the fields listed per name.
+# A reader finds the object anywhere in the line (torchrun or the kubelet may prefix lines).
+EVENT_PROCESS_STARTED = (
+    "process_started"  # restart_count (torchrun's), local_rank, world_size, started_at (unix)
+)
+EVENT_PROCESS_GROUP_READY = "process_group_ready"  # backend, world_size, seconds (init_process_group)
+EVENT_MODEL_BUILT = "model_built"  # model, params, seconds (build + shard)
+EVENT_CHECKPOINT_LOADED = "checkpoint_loaded"  # step, path, bytes, seconds, gbps, tier
+EVENT_CHECKPOINT_REJECTED = "checkpoint_rejected"  # path, error (set aside; the previous one is tried)
+EVENT_FRESH_START = "fresh_start"  # no committed checkpoint: training starts at step 0
+EVENT_FIRST_STEP = "first_step"  # step, seconds (since process_started): the first step this process finished
+EVENT_STEP = "step"  # step, loss, tokens_per_s (rank 0, every log interval)
+EVENT_CHECKPOINT_REQUESTED = "checkpoint_requested"  # id, reason (the coordinator asked for a save)
+EVENT_CHECKPOINT_SAVE_STARTED = (
+    "checkpoint_save_started"  # step, kind ("periodic", "request", "stop", "final")
+)
+EVENT_CHECKPOINT_STAGED = (
+    "checkpoint_staged"  # step, seconds (async saves: host copy done, training may go on)
+)
+EVENT_CHECKPOINT_COMMITTED = "checkpoint_committed"  # step, path, bytes, seconds, kind, tier
+EVENT_CHECKPOINT_SKIPPED = "checkpoint_skipped"  # step, reason (e.g. the save could not fit the deadline)
+EVENT_STOP_SIGNAL = "stop_signal"  # signal, signal_time (unix): the flag a handler set, seen by the loop
+EVENT_STOP_AGREED = "stop_agreed"  # step, reason, since_signal_s: every rank stops at this step
+EVENT_EXIT = "exit"  # code, reason (a REASON_* above), message, step
+EVENTS = (
+    EVENT_PROCESS_STARTED,
+    EVENT_PROCESS_GROUP_READY,
+    EVENT_MODEL_BUILT,
+    EVENT_CHECKPOINT_LOADED,
+    EVENT_CHECKPOINT_REJECTED,
+    EVENT_FRESH_START,
+    EVENT_FIRST_STEP,
+    EVENT_STEP,
+    EVENT_CHECKPOINT_REQUESTED,
+    EVENT_CHECKPOINT_SAVE_STARTED,
+    EVENT_CHECKPOINT_STAGED,
+    EVENT_CHECKPOINT_COMMITTED,
+    EVENT_CHECKPOINT_SKIPPED,
+    EVENT_STOP_SIGNAL,
+    EVENT_STOP_AGREED,
+    EVENT_EXIT,
+)
+_EVENT_MARK = '{"event": '
+
+
+def event_line(name: str, **fields: Any) -> str:
+    """One event as a JSON line ("event" first, so readers can find it in a prefixed line)."""
+    if name not in EVENTS:
+        raise ValueError(f"unknown event {name!r}: add it to contract.EVENTS")
+    return json.dumps({"event": name, **fields}, separators=(", ", ": "), default=str)
+
+
+def parse_event(line: str) -> dict[str, Any] | None:
+    """The event in a log line, or None for any other line (torchrun's, warnings, plain log text)."""
+    at = line.find(_EVENT_MARK)
+    if at < 0:
+        return None
+    try:
+        obj = json.loads(line[at:].strip())
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) and obj.get("event") in EVENTS else None
+
+
+def parse_events(lines: Any) -> list[dict[str, Any]]:
+    """The events among lines (an iterable of str), in order."""
+    return [ev for ev in map(parse_event, lines) if ev is not None]
