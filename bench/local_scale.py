@@ -23,8 +23,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from ftjob_local.client import ApiError
 from ftjob_local.demo import GROUP_PATH
-from ftjob_local.node.api import ApiError
 from local_common import local_cluster, machine, now_utc, write_section
 
 GOAL_ALL_PODS_S = 60.0

@@ -22,6 +22,11 @@ def test_ports():
     assert (contract.RDZV_PORT, contract.CONTROL_PORT) == (29400, 29401)
 
 
+def test_node_and_pod_signals():
+    assert contract.TAINT_SPOT_INTERRUPTION == "aws-node-termination-handler/spot-itn"
+    assert contract.CONDITION_DISRUPTION_TARGET == "DisruptionTarget"
+
+
 def test_environment_names():
     assert {
         "token": contract.ENV_TOKEN,

@@ -119,8 +119,8 @@ def _status(cluster: LocalCluster, as_json: bool) -> int:
 
 
 def _preempt(args) -> int:
-    from .node.api import ApiError, Kube
-    from .node.common import node_path
+    from .client import ApiError, Kube
+    from .objects import node_path
     from .preempt import request_preemption
 
     if len(args.where) == 2:

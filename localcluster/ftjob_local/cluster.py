@@ -285,8 +285,8 @@ class LocalCluster:
             }
         if out["components"]["apiserver"]["running"] and self.kubeconfig.exists():
             try:
-                from .node.api import Kube
-                from .node.common import condition
+                from .client import Kube
+                from .objects import SPOT_LABEL, condition
 
                 kube = Kube(str(self.kubeconfig))
                 nodes = kube.request("GET", "/api/v1/nodes", timeout=5).get("items") or []
@@ -294,7 +294,7 @@ class LocalCluster:
                     {
                         "name": n["metadata"]["name"],
                         "ready": (condition(n, "Ready") or {}).get("status") == "True",
-                        "spot": (n["metadata"].get("labels") or {}).get("ftjob.dev/spot") == "true",
+                        "spot": (n["metadata"].get("labels") or {}).get(SPOT_LABEL) == "true",
                         "taints": [t.get("key") for t in (n.get("spec") or {}).get("taints") or []],
                     }
                     for n in nodes

@@ -31,9 +31,10 @@ from datetime import datetime
 from pathlib import Path
 
 import yaml
+from ftjob_trainer.contract import parse_time
 
+from .client import ApiError, Kube
 from .cluster import ClusterError, LocalCluster
-from .node.api import ApiError, Kube, parse_time
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_MANIFEST = REPO / "examples" / "local-tiny.yaml"
@@ -303,8 +304,9 @@ def event_time(ev: dict) -> float | None:
     for key in ("eventTime", "lastTimestamp", "firstTimestamp"):
         t = parse_time(ev.get(key))
         if t is not None:
-            return t
-    return parse_time((ev.get("metadata") or {}).get("creationTimestamp"))
+            return t.timestamp()
+    t = parse_time((ev.get("metadata") or {}).get("creationTimestamp"))
+    return t.timestamp() if t is not None else None
 
 
 def demo_manifests(path: Path, report_path: str | None = None) -> tuple[list[dict], dict]:

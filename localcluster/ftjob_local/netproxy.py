@@ -9,9 +9,8 @@ import itertools
 import logging
 import threading
 
-from .kubelet import pod_ready
-from .node.api import Informer, Obj
-from .node.common import meta
+from .client import Informer, Obj
+from .objects import meta, pod_ready
 
 log = logging.getLogger(__name__)
 RESYNC_SECONDS = 3.0

@@ -15,12 +15,14 @@ import logging
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from .node.api import ApiError, Kube, Obj, now_rfc3339, wait_for
-from .node.common import (
+from ftjob_trainer.contract import CONDITION_DISRUPTION_TARGET, TAINT_SPOT_INTERRUPTION, now_rfc3339
+
+from .client import ApiError, Kube, Obj, wait_for
+from .objects import (
     PREEMPT_ANNOTATION,
-    SPOT_TAINT_KEY,
+    SPOT_LABEL,
     is_terminal,
     meta,
     node_path,
@@ -29,16 +31,40 @@ from .node.common import (
     set_condition,
 )
 
-if TYPE_CHECKING:
-    from .node.agent import NodeAgent
-
 log = logging.getLogger(__name__)
 
 DISRUPTION_REASON = "TerminationByKubelet"
 
 
+class NodeHost(Protocol):
+    """What a Preemption needs of the node agent that serves the node (ftjob_local.node.agent.NodeAgent)."""
+
+    kube: Kube
+
+    def pods_on(self, node: str) -> list[Obj]:
+        """The pods bound to node, from the agent's cache."""
+        ...
+
+    def add_node(self, kind: str) -> str:
+        """Registers and serves a fresh node of kind "node" or "spot"; returns its name."""
+        ...
+
+    def stop_serving(self, name: str) -> None:
+        """Stops running pods on the node: its pod processes are SIGKILLed."""
+        ...
+
+    def set_pod_condition(self, uid: str, ctype: str, status: str, reason: str, message: str) -> bool:
+        """Sets a condition through the pod's running worker; False when no worker of this agent runs the pod."""
+        ...
+
+
 def spot_taint() -> Obj:
-    return {"key": SPOT_TAINT_KEY, "value": "true", "effect": "NoSchedule", "timeAdded": now_rfc3339()}
+    return {
+        "key": TAINT_SPOT_INTERRUPTION,
+        "value": "true",
+        "effect": "NoSchedule",
+        "timeAdded": now_rfc3339(),
+    }
 
 
 def request_preemption(
@@ -60,7 +86,7 @@ def request_preemption(
     }
     patch: Obj = {"metadata": {"annotations": {PREEMPT_ANNOTATION: json.dumps(req)}}}
     taints = (current.get("spec") or {}).get("taints") or []
-    if not hard and not any(t.get("key") == SPOT_TAINT_KEY for t in taints):
+    if not hard and not any(t.get("key") == TAINT_SPOT_INTERRUPTION for t in taints):
         patch["spec"] = {"taints": taints + [spot_taint()]}
     kube.merge_patch(node_path(node), patch)
     return req
@@ -69,8 +95,8 @@ def request_preemption(
 class Preemption:
     """Carries out one request on the node agent's side, in its own thread."""
 
-    def __init__(self, agent: NodeAgent, node: Obj, req: Obj):
-        self.agent, self.kube = agent, agent.kube
+    def __init__(self, host: NodeHost, node: Obj, req: Obj):
+        self.host, self.kube = host, host.kube
         self.node_name = meta(node)["name"]
         self.node = node
         self.req = req
@@ -82,14 +108,14 @@ class Preemption:
         return self
 
     def _pods(self) -> list[Obj]:
-        return [p for p in self.agent.pods.items() if (p.get("spec") or {}).get("nodeName") == self.node_name]
+        return self.host.pods_on(self.node_name)
 
     def _run(self) -> None:
         try:
-            kind = "spot" if (meta(self.node).get("labels") or {}).get("ftjob.dev/spot") == "true" else "node"
+            kind = "spot" if (meta(self.node).get("labels") or {}).get(SPOT_LABEL) == "true" else "node"
             if self.req.get("replaceAfter") is not None:
                 delay = max(0.0, self.start_wall + float(self.req["replaceAfter"]) - time.time())
-                timer = threading.Timer(delay, self.agent.add_node, args=(kind,))
+                timer = threading.Timer(delay, self.host.add_node, args=(kind,))
                 timer.daemon = True
                 timer.start()
             if self.req.get("hard"):
@@ -109,7 +135,7 @@ class Preemption:
             component="ftjob-local-preempt",
             host=self.node_name,
         )
-        self.agent.stop_serving(self.node_name)  # the kubelet SIGKILLs this node's pods now
+        self.host.stop_serving(self.node_name)  # the kubelet SIGKILLs this node's pods now
         for pod in self._pods():
             m = meta(pod)
             self.kube.delete(pod_path(m.get("namespace", "default"), m["name"]), grace=0, uid=m.get("uid"))
@@ -135,13 +161,12 @@ class Preemption:
             if is_terminal(pod):
                 self.kube.delete(pod_path(ns, name), grace=0, uid=uid)
                 continue
-            worker = self.agent.kubelet.worker_for(uid)
-            if worker is not None:
-                worker.add_condition("DisruptionTarget", "True", DISRUPTION_REASON, message)
-            else:
+            if not self.host.set_pod_condition(
+                uid, CONDITION_DISRUPTION_TARGET, "True", DISRUPTION_REASON, message
+            ):
                 conds = set_condition(
                     (pod.get("status") or {}).get("conditions") or [],
-                    "DisruptionTarget",
+                    CONDITION_DISRUPTION_TARGET,
                     "True",
                     DISRUPTION_REASON,
                     message,
@@ -159,7 +184,7 @@ class Preemption:
             )
         except TimeoutError as e:
             log.warning("%s; deleting the node anyway", e)
-        self.agent.stop_serving(self.node_name)
+        self.host.stop_serving(self.node_name)
         self.kube.delete(node_path(self.node_name))
 
 

@@ -16,8 +16,8 @@ from decimal import Decimal
 
 from kubernetes.utils.quantity import parse_quantity
 
-from .node.api import ApiError, Informer, Kube, Obj
-from .node.common import (
+from .client import ApiError, Informer, Kube, Obj
+from .objects import (
     RESOURCES,
     condition,
     is_terminal,

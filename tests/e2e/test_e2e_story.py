@@ -188,7 +188,7 @@ def test_crashing_trainer_spends_failure_budget_with_backoff(session, tmp_path):
     apply(session, docs)
 
     # Watch the backoff as it happens: no pod of a new restart generation before status.backoffUntil.
-    from ftjob_local.node.api import parse_time
+    from ftjob_trainer.contract import parse_time
 
     seen: dict[int, float] = {}  # restart generation -> first time a worker of it was listed
     backoffs: dict[int, float] = {}  # restart generation -> backoffUntil that preceded it
@@ -197,7 +197,7 @@ def test_crashing_trainer_spends_failure_budget_with_backoff(session, tmp_path):
         st = job_status(session, name)
         now = time.time()
         if st.get("backoffUntil"):
-            backoffs.setdefault(st.get("restartGeneration", 0), parse_time(st["backoffUntil"]))
+            backoffs.setdefault(st.get("restartGeneration", 0), parse_time(st["backoffUntil"]).timestamp())
         for p in session.pods(name):
             if p["metadata"]["labels"].get("ftjob.dev/role") == "worker":
                 seen.setdefault(int(p["metadata"]["labels"]["ftjob.dev/restart-generation"]), now)

@@ -11,8 +11,8 @@ import uuid
 
 import pytest
 from ftjob_local.cli import main
+from ftjob_local.client import Kube, wait_for
 from ftjob_local.cluster import LocalCluster
-from ftjob_local.node.api import Kube, wait_for
 
 pytestmark = [
     pytest.mark.slow,

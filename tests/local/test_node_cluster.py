@@ -18,8 +18,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+from ftjob_local.client import Kube, wait_for
 from ftjob_local.cluster import LocalCluster
-from ftjob_local.node.api import Kube, wait_for
 
 pytestmark = [
     pytest.mark.slow,

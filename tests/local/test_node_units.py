@@ -7,7 +7,7 @@ from decimal import Decimal
 import pytest
 from ftjob_local.kubelet import expand, rewrite_paths
 from ftjob_local.netproxy import endpoints
-from ftjob_local.node.common import pod_requests, set_condition
+from ftjob_local.objects import pod_requests, set_condition
 from ftjob_local.scheduler import filter_node, tolerates
 
 

@@ -29,8 +29,8 @@ NS = "default"
 @pytest.fixture(scope="module")
 def kubeconfig(tmp_path_factory):
     from ftjob_local.apiserver import start_in_thread
+    from ftjob_local.client import Kube as PlainKube
     from ftjob_local.cluster import write_kubeconfig
-    from ftjob_local.node.api import Kube as PlainKube
 
     state = tmp_path_factory.mktemp("apiserver")
     handle = start_in_thread(str(state))

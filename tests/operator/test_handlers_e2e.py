@@ -28,9 +28,9 @@ pytestmark = [
     pytest.mark.timeout(300),
 ]
 
+from ftjob_local.client import ApiError, Kube  # noqa: E402
 from ftjob_local.cluster import LocalCluster, free_port  # noqa: E402
 from ftjob_local.demo import find_kubectl  # noqa: E402
-from ftjob_local.node.api import ApiError, Kube  # noqa: E402
 from ftjob_local.preempt import request_preemption  # noqa: E402
 from ftjob_operator import render  # noqa: E402
 

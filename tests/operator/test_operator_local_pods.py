@@ -18,8 +18,8 @@ NS = "default"
 
 @pytest.fixture(scope="module")
 def kube(tmp_path_factory):
+    from ftjob_local.client import Kube
     from ftjob_local.cluster import LocalCluster
-    from ftjob_local.node.api import Kube
 
     cluster = LocalCluster(tmp_path_factory.mktemp("cluster"))
     cluster.up(nodes=1, spot_nodes=0, operator=False, timeout=60, say=lambda *_: None)
@@ -41,7 +41,7 @@ def _pod(kube, name: str) -> dict:
 
 
 def _wait(predicate, timeout: float, what: str):
-    from ftjob_local.node.api import wait_for
+    from ftjob_local.client import wait_for
 
     return wait_for(predicate, timeout, what=what)
 

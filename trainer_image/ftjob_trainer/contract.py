@@ -34,6 +34,12 @@ DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 # Every trainer flag --some-flag is also read from FTJOB_SOME_FLAG (flag wins).
 ENV_FLAG_PREFIX = "FTJOB_"
 
+# --- Node and pod signals the operator reads and the local cluster writes ------------------------------------------
+# The local cluster (ftjob_local: kubelet, `ftjob local preempt`) imports these; the operator's planner still spells
+# them out (TERMINATION_TAINTS, the DisruptionTarget checks).
+TAINT_SPOT_INTERRUPTION = "aws-node-termination-handler/spot-itn"  # a spot interruption notice on the node
+CONDITION_DISRUPTION_TARGET = "DisruptionTarget"  # the pod condition set before a disruption deletes the pod
+
 # --- Coordinator HTTP API (JSON; every route but /healthz needs `Authorization: Bearer <token>`) -----------------
 AUTH_HEADER = "Authorization"
 ROUTE_HEALTH = "/healthz"  # GET -> 200 "ok"

@@ -1,4 +1,8 @@
-"""The node agent process: node registration and heartbeats, plus the scheduler, kubelet and service proxy."""
+"""The node agent process: node registration and heartbeats, plus the scheduler, kubelet and service proxy.
+
+The top of the node side: it imports the kubelet, scheduler, service proxy and preemption; none of them import it
+(Preemption sees it through preempt.NodeHost).
+"""
 
 from __future__ import annotations
 
@@ -6,13 +10,17 @@ import json
 import logging
 import os
 import threading
+from datetime import datetime, timezone
 from pathlib import Path
 
+from ftjob_trainer.contract import format_time_micro, now_rfc3339
+
 from .. import scheduler as scheduler_mod
+from ..client import ApiError, Informer, Kube, Obj
 from ..kubelet import HOST_IP, Kubelet
 from ..netproxy import ServiceProxy
-from .api import ApiError, Informer, Kube, Obj, now_rfc3339
-from .common import SPOT_LABEL, meta, node_path, set_condition
+from ..objects import SPOT_LABEL, meta, node_path, set_condition
+from ..preempt import Preemption, request_of
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +179,7 @@ class NodeAgent:
         spec = {
             "holderIdentity": name,
             "leaseDurationSeconds": 40,
-            "renewTime": now_rfc3339().replace("Z", ".000000Z"),
+            "renewTime": format_time_micro(datetime.now(timezone.utc)),
         }
         try:
             try:
@@ -212,9 +220,18 @@ class NodeAgent:
                 worker.kill()
         self.kubelet.wake.set()
 
-    def _on_node(self, kind: str, node: Obj) -> None:
-        from ..preempt import Preemption, request_of
+    # --- what a Preemption uses (preempt.NodeHost) ------------------------------------------------------------------
+    def pods_on(self, node: str) -> list[Obj]:
+        return [p for p in self.pods.items() if (p.get("spec") or {}).get("nodeName") == node]
 
+    def set_pod_condition(self, uid: str, ctype: str, status: str, reason: str, message: str) -> bool:
+        worker = self.kubelet.worker_for(uid)
+        if worker is None:
+            return False
+        worker.add_condition(ctype, status, reason, message)
+        return True
+
+    def _on_node(self, kind: str, node: Obj) -> None:
         name = meta(node).get("name")
         if kind == "DELETED":
             if name in self.served:

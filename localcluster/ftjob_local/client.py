@@ -1,8 +1,8 @@
-"""A thin dict-based layer over the official kubernetes client, plus a list+watch cache (informer).
+"""The bottom layer of the local cluster's clients: JSON requests, a list+watch cache (informer), polling.
 
-The kubelet and scheduler work on raw JSON objects (as the API server stores them), so requests go through the
-official client's configuration, auth and connection pool (`ApiClient.param_serialize` / `call_api`) without its
-typed models.
+A thin dict-based layer over the official kubernetes client. The kubelet and scheduler work on raw JSON objects (as
+the API server stores them), so requests go through the official client's configuration, auth and connection pool
+(`ApiClient.param_serialize` / `call_api`) without its typed models. Imports nothing of ftjob_local.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import datetime, timezone
 from typing import Any
 
 import kubernetes
@@ -22,20 +21,6 @@ log = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
 Obj = dict[str, Any]
-
-
-def now_rfc3339() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def now_micro() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def parse_time(value: str | None) -> float | None:
-    if not value:
-        return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
 class ApiError(Exception):

@@ -1,14 +1,19 @@
-"""Helpers shared by the scheduler, kubelet and preemption: events, pod paths, conditions, requests."""
+"""Object helpers shared by the scheduler, kubelet, service proxy and preemption: paths, conditions, requests, events.
+
+The bottom layer with client.py: imports nothing of ftjob_local above it.
+"""
 
 from __future__ import annotations
 
 import logging
 import uuid
+from datetime import datetime, timezone
 from decimal import Decimal
 
+from ftjob_trainer.contract import format_time_micro, now_rfc3339
 from kubernetes.utils.quantity import parse_quantity
 
-from .api import ApiError, Kube, Obj, now_micro, now_rfc3339
+from .client import ApiError, Kube, Obj
 
 log = logging.getLogger(__name__)
 
@@ -16,7 +21,6 @@ SPOT_LABEL = "ftjob.dev/spot"
 PREEMPT_ANNOTATION = (
     "ftjob.dev/preempt-request"  # JSON written by `ftjob local preempt`, read by the node agent
 )
-SPOT_TAINT_KEY = "aws-node-termination-handler/spot-itn"
 RESOURCES = ("cpu", "memory", "nvidia.com/gpu")
 
 
@@ -41,6 +45,11 @@ def condition(obj: Obj, ctype: str) -> Obj | None:
         if c.get("type") == ctype:
             return c
     return None
+
+
+def pod_ready(pod: Obj) -> bool:
+    c = condition(pod, "Ready")
+    return bool(c and c.get("status") == "True")
 
 
 def set_condition(
@@ -123,7 +132,7 @@ def post_event(
         "reportingInstance": host or component,
         "firstTimestamp": ts,
         "lastTimestamp": ts,
-        "eventTime": now_micro(),
+        "eventTime": format_time_micro(datetime.now(timezone.utc)),
         "action": reason,
         "count": 1,
     }

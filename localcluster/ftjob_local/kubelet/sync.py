@@ -1,0 +1,165 @@
+"""Kubelet: the sync loop that starts a PodWorker for every pod bound to a served node, pod GC, pod addresses."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import shutil
+import threading
+import time
+from pathlib import Path
+
+from ..client import Informer, Kube, Obj
+from ..objects import is_terminal, meta, pod_path
+from .container import HOST_IP
+from .worker import PodWorker
+
+log = logging.getLogger(__name__)
+
+POD_CIDR_PREFIX = "127.10"
+
+
+class Kubelet:
+    """Starts a PodWorker for every pod bound to a served node; kills and forgets pods whose node is gone."""
+
+    def __init__(self, kube: Kube, pods: Informer, nodes: Informer, state_dir: Path, served: set[str]):
+        self.kube, self.pods, self.nodes = kube, pods, nodes
+        self.state_dir = Path(state_dir)
+        self.served = served  # node names this agent runs pods for (shared with the agent, which changes it)
+        self.workers: dict[str, PodWorker] = {}
+        self.wake = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._ips: set[str] = set()
+        self._ipam_file = self.state_dir / "node-agent" / "ipam.json"
+        self._next_ip = self._load_ipam()
+        self._orphan_since: dict[str, float] = {}
+        self.terminal: set[str] = set()  # uids of finished pods (no worker thread any more)
+        self._gone: set[str] = set()  # terminal pods whose objects were deleted: their folders go
+        pods.listeners.append(self._on_pod)
+        nodes.listeners.append(lambda *_: self.wake.set())
+        self._thread = threading.Thread(target=self._run, name="kubelet", daemon=True)
+
+    def start(self) -> Kubelet:
+        self._thread.start()
+        return self
+
+    def _load_ipam(self) -> int:
+        try:
+            return int(json.loads(self._ipam_file.read_text())["next"])
+        except (OSError, ValueError, KeyError):
+            # A random start: several local clusters on one machine (parallel tests) share 127.10.0.0/16.
+            return random.randrange(2, 65000)
+
+    def allocate_ip(self, pod: Obj) -> str:
+        if (pod.get("spec") or {}).get("hostNetwork"):
+            return HOST_IP
+        with self._lock:
+            existing = (pod.get("status") or {}).get("podIP")
+            if existing and existing.startswith(POD_CIDR_PREFIX + ".") and existing not in self._ips:
+                self._ips.add(existing)
+                return existing
+            in_use = self._ips | {
+                (p.get("status") or {}).get("podIP") for p in self.pods.items() if not is_terminal(p)
+            }
+            for _ in range(65534):
+                n = self._next_ip
+                self._next_ip = 2 if self._next_ip >= 65533 else self._next_ip + 1
+                ip = f"{POD_CIDR_PREFIX}.{n >> 8}.{n & 255}"
+                if ip not in in_use and (n & 255) not in (0, 255):
+                    break
+            else:
+                raise RuntimeError("no free pod address in 127.10.0.0/16")
+            self._ips.add(ip)
+            self._ipam_file.parent.mkdir(parents=True, exist_ok=True)
+            self._ipam_file.write_text(json.dumps({"next": self._next_ip}))
+            return ip
+
+    def release_ip(self, ip: str) -> None:
+        with self._lock:
+            self._ips.discard(ip)
+
+    def _on_pod(self, kind: str, pod: Obj) -> None:
+        uid = meta(pod).get("uid")
+        worker = self.workers.get(uid)
+        if worker is not None:
+            if kind == "DELETED":
+                worker.object_gone(pod)
+            else:
+                worker.update(pod)
+        elif kind == "DELETED" and uid in self.terminal:
+            self._gone.add(uid)
+        self.wake.set()
+
+    def worker_for(self, uid: str) -> PodWorker | None:
+        return self.workers.get(uid)
+
+    def _run(self) -> None:
+        self.pods.synced.wait()
+        self.nodes.synced.wait()
+        while not self._stop.is_set():
+            self.wake.wait(1.0)
+            self.wake.clear()
+            try:
+                self.sync()
+            except Exception:
+                log.exception("kubelet sync failed")
+
+    def sync(self) -> None:
+        nodes = {meta(n)["name"] for n in self.nodes.items()}
+        now = time.monotonic()
+        for pod in self.pods.items():
+            m = meta(pod)
+            uid, node = m.get("uid"), (pod.get("spec") or {}).get("nodeName")
+            if not node:
+                continue
+            if node not in nodes:
+                self._collect_orphan(pod, now)
+                continue
+            if uid in self.terminal:
+                if m.get("deletionTimestamp"):  # a terminal pod has no processes left: delete it for good
+                    self.kube.delete(pod_path(m.get("namespace", "default"), m["name"]), grace=0, uid=uid)
+                continue
+            if node not in self.served or uid in self.workers:
+                continue
+            worker = PodWorker(self, pod)
+            self.workers[uid] = worker
+            worker.update(pod)
+            worker.thread.start()
+        # Workers whose node is no longer served (deleted / preempted) die at once.
+        for uid, worker in list(self.workers.items()):
+            if worker.node not in self.served or worker.node not in nodes:
+                worker.kill()
+            if worker.finished.is_set():
+                del self.workers[uid]
+                if worker.terminal and not worker.gone:
+                    self.terminal.add(uid)
+        gone, self._gone = self._gone, set()
+        for uid in gone & self.terminal:
+            shutil.rmtree(self.state_dir / "pods" / uid, ignore_errors=True)
+            self.terminal.discard(uid)
+
+    def _collect_orphan(self, pod: Obj, now: float) -> None:
+        """Pod GC: a pod bound to a node that no longer exists is deleted (after a short grace for cache lag)."""
+        uid = meta(pod)["uid"]
+        first = self._orphan_since.setdefault(uid, now)
+        if now - first < 2.0:
+            self.wake.set()
+            return
+        worker = self.workers.get(uid)
+        if worker:
+            worker.kill()
+        m = meta(pod)
+        self.kube.delete(pod_path(m.get("namespace", "default"), m["name"]), grace=0, uid=uid)
+        self._orphan_since.pop(uid, None)
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Kills every pod process (the agent is going away) and waits for the workers to notice."""
+        self._stop.set()
+        for w in list(self.workers.values()):
+            w.gone = True  # keep the pod objects: a restarted agent reports the lost containers
+            w.kill()
+        deadline = time.monotonic() + timeout
+        for w in list(self.workers.values()):
+            w.finished.wait(max(0.0, deadline - time.monotonic()))
