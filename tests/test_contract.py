@@ -104,3 +104,13 @@ def test_events_round_trip_through_prefixed_lines():
     with pytest.raises(ValueError, match="unknown event"):
         contract.event_line("typo")
     assert len(set(contract.EVENTS)) == len(contract.EVENTS)
+
+
+def test_checkpoint_kinds_and_tiers():
+    assert (contract.KIND_PERIODIC, contract.KIND_REQUEST, contract.KIND_STOP, contract.KIND_FINAL) == (
+        "periodic",
+        "request",
+        "stop",
+        "final",
+    )
+    assert contract.TIER_DURABLE == "durable"

@@ -27,3 +27,18 @@ def world_of_one():
         yield
     finally:
         dist.destroy_process_group()
+
+
+@pytest.fixture
+def captured_events():
+    """The structured events this process emits (in-process tests), as a function returning them so far."""
+    import io
+
+    from ftjob_trainer import contract, events
+
+    stream = io.StringIO()
+    events.set_stream(stream)
+    try:
+        yield lambda: contract.parse_events(stream.getvalue().splitlines())
+    finally:
+        events.set_stream(None)

@@ -194,3 +194,10 @@ def list_steps(ckpt: Path) -> list[int]:
     return sorted(
         int(n.name[5:]) for n in ckpt.iterdir() if n.name.startswith("step-") and (n / "ftjob.json").exists()
     )
+
+
+def events_of(p: subprocess.Popen) -> list[dict]:
+    """The structured events (contract.EVENT_*) in a process's log, in order."""
+    from ftjob_trainer import contract
+
+    return contract.parse_events(log_of(p).splitlines())

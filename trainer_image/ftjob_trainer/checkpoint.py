@@ -23,7 +23,6 @@ import shutil
 import threading
 import time
 from collections.abc import Iterator
-from datetime import datetime, timezone
 from typing import Any
 
 import torch
@@ -31,6 +30,9 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from ftjob_trainer import contract, events
+from ftjob_trainer.contract import KIND_PERIODIC, TIER_DURABLE, now_rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -124,10 +126,6 @@ def _write_json_durable(path: str, doc: dict) -> None:
         os.fsync(f.fileno())
 
 
-def now_rfc3339() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
 # --- the guard (the seed: verl's FSDP engine crashed saving FSDP2 + CPUOffloadPolicy) --------------------------
 def needs_manual_param_reload(engine: Any) -> bool:
     """Bring params to the device around save/load only when the engine offloaded them BY HAND. With FSDP2's
@@ -205,6 +203,7 @@ class InFlight:
     staging: Any  # a Future done when the state is copied to host memory (None: staged synchronously)
     upload: Any  # a Future done when every rank's shards and the .metadata are written
     request_id: int | None
+    kind: str
     marks: dict = dataclasses.field(default_factory=dict)  # phase -> seconds since started (see save_phases)
 
 
@@ -300,10 +299,23 @@ class Checkpointer:
 
     # --- save ------------------------------------------------------------------------------------------------
     def save(
-        self, step: int, meta: dict, *, asynchronous: bool = False, request_id: int | None = None
+        self,
+        step: int,
+        meta: dict,
+        *,
+        asynchronous: bool = False,
+        request_id: int | None = None,
+        kind: str = KIND_PERIODIC,
     ) -> str | None:
         """Collective. Sync: returns the committed path. Async: returns None; poll()/drain() commit it later."""
         assert self.root, "save() needs a checkpoint directory"
+        events.emit(
+            contract.EVENT_CHECKPOINT_SAVE_STARTED,
+            step=step,
+            kind=kind,
+            asynchronous=asynchronous,
+            waits_for=self.inflight.step if self.inflight else None,  # an async save to finish first
+        )
         if self.inflight and self.inflight.step == step and not asynchronous:
             done = self.drain()  # an async save of this very step is in flight: finishing it is enough
             if done is not None:
@@ -351,6 +363,7 @@ class Checkpointer:
                     state, storage_writer=writer, process_group=self.pg, async_stager=stager
                 )
                 staging, upload = resp.staging_completion, resp.upload_completion
+                staging.add_done_callback(_on_staged(step, kind, started))
                 if needs_manual_param_reload(self.engine):
                     staging.result()  # the params move back to the host right after this block
             elif not asynchronous:
@@ -358,7 +371,8 @@ class Checkpointer:
                 staging = upload = None
             else:  # older torch: async_save stages synchronously (no pinned reuse), then writes in the background
                 upload, staging = dcp.async_save(state, storage_writer=writer, process_group=self.pg), None
-        self.inflight = InFlight(step, tmp, meta, started, staging, upload, request_id)
+                _emit_staged(step, kind, started)
+        self.inflight = InFlight(step, tmp, meta, started, staging, upload, request_id, kind)
         self.inflight.marks["submitted"] = time.monotonic() - started
         if asynchronous:
             return None
@@ -408,6 +422,13 @@ class Checkpointer:
                 e,
                 self.last_committed[1] if self.last_committed else None,
             )
+            events.emit(
+                contract.EVENT_CHECKPOINT_SKIPPED,
+                step=f.step,
+                kind=f.kind,
+                reason="failed",
+                error=f"{type(e).__name__}: {e}",
+            )
             if self.rank == 0:
                 shutil.rmtree(f.tmp, ignore_errors=True)
             return None
@@ -432,6 +453,17 @@ class Checkpointer:
             os.rename(f.tmp, final)  # the commit
             _fsync_dir(self.root)
             f.marks["committed"] = time.monotonic() - f.started
+            # rank 0's rename is the commit: only it can say so (the other ranks may be ahead of it here)
+            events.emit(
+                contract.EVENT_CHECKPOINT_COMMITTED,
+                step=f.step,
+                path=final,
+                bytes=_dir_bytes(final),
+                seconds=round(f.marks["committed"], 4),
+                kind=f.kind,
+                tier=TIER_DURABLE,
+                request_id=f.request_id,
+            )
             self._retain()
         self.save_seconds = time.monotonic() - f.started
         f.marks["done"] = self.save_seconds
@@ -475,18 +507,30 @@ class Checkpointer:
             # Every rank must take the same branch: agree on the outcome after the checks and after the load,
             # or one failing rank would wait in a barrier while the others train on (a hang).
             error = None
+            started = time.monotonic()
             try:
                 meta = validate(path)
             except Exception as e:  # noqa: BLE001 - any failure means: try the previous one
                 error = e
             if self._all_ok(error is None):
                 try:
-                    self._load(path, meta)
+                    nbytes, read_seconds = self._load(path, meta)
                 except Exception as e:  # noqa: BLE001
                     error = e
                 if self._all_ok(error is None):
                     self.last_committed = (step, path)
                     self.save_seconds = meta.get("save_seconds")
+                    events.emit(
+                        contract.EVENT_CHECKPOINT_LOADED,
+                        step=step,
+                        path=path,
+                        bytes=nbytes,
+                        seconds=round(read_seconds, 4),
+                        gbps=round(nbytes / read_seconds / 1e9, 4) if read_seconds > 0 else None,
+                        total_s=round(time.monotonic() - started, 4),
+                        tier=TIER_DURABLE,
+                        saved_world_size=meta.get("world_size"),
+                    )
                     log.info(
                         "resumed from %s (step %d, saved at world size %s)",
                         path,
@@ -495,11 +539,13 @@ class Checkpointer:
                     )
                     return Loaded(step, path, meta)
             failures.append(path)
+            reason = f"{type(error).__name__}: {error}" if error else "it failed on another rank"
+            events.emit(contract.EVENT_CHECKPOINT_REJECTED, step=step, path=path, error=reason)
             log.error(
                 "CHECKPOINT LOAD FAILED: %s (%s); falling back to the previous committed checkpoint. "
                 "The directory is kept for inspection as %s*",
                 path,
-                f"{type(error).__name__}: {error}" if error else "it failed on another rank",
+                reason,
                 FAILED_PREFIX,
             )
             self._barrier()
@@ -522,10 +568,13 @@ class Checkpointer:
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.pg)
         return int(t) == 0
 
-    def _load(self, path: str, meta: dict) -> None:
+    def _load(self, path: str, meta: dict) -> tuple[int, float]:
+        """Load path into the engine; returns this rank's bytes of state read and the read's seconds."""
         with params_on_device(self.engine):
             state = self._state()
+            started = time.monotonic()
             dcp.load(state, storage_reader=FileSystemReader(path), process_group=self.pg)
+            read_seconds = time.monotonic() - started
             set_state_dict(
                 self.engine.model,
                 self.engine.optimizer,
@@ -535,6 +584,7 @@ class Checkpointer:
         if "scheduler" in meta:
             self.engine.scheduler.load_state_dict(meta["scheduler"])
         self._restore_rng(path)
+        return _nbytes(state), read_seconds
 
     def _restore_rng(self, path: str) -> None:
         own = os.path.join(path, f"rng-rank{self.rank}.pt")
@@ -584,3 +634,24 @@ def _nbytes(state: dict) -> int:
 
     walk(state)
     return total
+
+
+def _dir_bytes(path: str) -> int:
+    """The bytes of a checkpoint directory's files (every rank's shards)."""
+    return sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
+
+
+def _emit_staged(step: int, kind: str, started: float) -> None:
+    events.emit(
+        contract.EVENT_CHECKPOINT_STAGED, step=step, kind=kind, seconds=round(time.monotonic() - started, 4)
+    )
+
+
+def _on_staged(step: int, kind: str, started: float):
+    """A done-callback for the staging Future (it runs in the stager's thread, or here if already done)."""
+
+    def done(fut) -> None:
+        if not fut.cancelled() and fut.exception() is None:
+            _emit_staged(step, kind, started)
+
+    return done

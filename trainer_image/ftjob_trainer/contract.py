@@ -98,32 +98,51 @@ def parse_time(s: str | None) -> datetime | None:
 
 
 # --- Structured events (the trainer's log stream) --------------------------------------------------------------
-# The trainer writes one JSON object per line for every moment that matters; the demo, the benches and the tests
-# read these, never free-form log text. Every event has: "event" (a name below), "time" (unix seconds, float),
-# "rank" (global rank, or null before the process group exists), "pid"; the rest are the fields listed per name.
-# A reader finds the object anywhere in the line (torchrun or the kubelet may prefix lines).
-EVENT_PROCESS_STARTED = (
-    "process_started"  # restart_count (torchrun's), local_rank, world_size, started_at (unix)
-)
+# The trainer writes one JSON object per line for every moment that matters (ftjob_trainer/events.py, on stderr,
+# flushed at once); the demo, the benches and the tests read these, never free-form log text. Every event has:
+# "event" (a name below), "time" (unix seconds, float), "rank" (global rank: torchrun's RANK until the process
+# group exists, null outside torchrun before it), "pid"; the rest are the fields listed per name. Durations are
+# seconds ("seconds" or "*_s"), sizes bytes. Checkpoint events are emitted on every rank unless marked rank 0.
+# A reader finds the object anywhere in the line (torchrun or the kubelet may prefix lines). Names and fields are
+# stable: add, never rename.
+EVENT_PROCESS_STARTED = "process_started"
+# restart_count (torchrun's TORCHELASTIC_RESTART_COUNT), local_rank, world_size, started_at (unix: when the OS
+# started this process), since_start_s (interpreter start and imports, up to this event)
 EVENT_PROCESS_GROUP_READY = "process_group_ready"  # backend, world_size, seconds (init_process_group)
-EVENT_MODEL_BUILT = "model_built"  # model, params, seconds (build + shard)
-EVENT_CHECKPOINT_LOADED = "checkpoint_loaded"  # step, path, bytes, seconds, gbps, tier
-EVENT_CHECKPOINT_REJECTED = "checkpoint_rejected"  # path, error (set aside; the previous one is tried)
-EVENT_FRESH_START = "fresh_start"  # no committed checkpoint: training starts at step 0
-EVENT_FIRST_STEP = "first_step"  # step, seconds (since process_started): the first step this process finished
-EVENT_STEP = "step"  # step, loss, tokens_per_s (rank 0, every log interval)
-EVENT_CHECKPOINT_REQUESTED = "checkpoint_requested"  # id, reason (the coordinator asked for a save)
-EVENT_CHECKPOINT_SAVE_STARTED = (
-    "checkpoint_save_started"  # step, kind ("periodic", "request", "stop", "final")
+EVENT_MODEL_BUILT = "model_built"  # model, params (unsharded count), seconds (build + shard + optimizer)
+EVENT_CHECKPOINT_LOADED = "checkpoint_loaded"
+# step, path, bytes (this rank's share of the state), seconds (the read), gbps (bytes / seconds / 1e9), total_s
+# (checks, read, set into the model, RNG, agreement), tier ("durable"), saved_world_size
+EVENT_CHECKPOINT_REJECTED = "checkpoint_rejected"  # step, path, error (set aside; the previous one is tried)
+EVENT_FRESH_START = (
+    "fresh_start"  # checkpoint_dir (null: none given): nothing committed, training starts at 0
 )
+EVENT_FIRST_STEP = "first_step"  # step, seconds (since process start): the first step this process finished
+EVENT_STEP = "step"  # step, loss, tokens_per_s (rank 0, every --log-every steps)
+EVENT_CHECKPOINT_REQUESTED = "checkpoint_requested"
+# id, reason (rank 0 only: it polls the coordinator; null elsewhere), step (the step that is saved for it)
+EVENT_CHECKPOINT_SAVE_STARTED = "checkpoint_save_started"
+# step, kind (KIND_*), asynchronous, waits_for (the step of an async save that must finish first, or null)
 EVENT_CHECKPOINT_STAGED = (
-    "checkpoint_staged"  # step, seconds (async saves: host copy done, training may go on)
+    "checkpoint_staged"  # step, kind, seconds (since save_started: the copy to host memory)
 )
-EVENT_CHECKPOINT_COMMITTED = "checkpoint_committed"  # step, path, bytes, seconds, kind, tier
-EVENT_CHECKPOINT_SKIPPED = "checkpoint_skipped"  # step, reason (e.g. the save could not fit the deadline)
-EVENT_STOP_SIGNAL = "stop_signal"  # signal, signal_time (unix): the flag a handler set, seen by the loop
-EVENT_STOP_AGREED = "stop_agreed"  # step, reason, since_signal_s: every rank stops at this step
-EVENT_EXIT = "exit"  # code, reason (a REASON_* above), message, step
+EVENT_CHECKPOINT_COMMITTED = "checkpoint_committed"
+# rank 0 (its rename is the commit): step, path, bytes (the directory's files, all ranks), seconds (the save's own
+# time, from after any wait for a previous save), kind, tier ("durable"), request_id (or null)
+EVENT_CHECKPOINT_SKIPPED = "checkpoint_skipped"
+# step, kind, reason: "deadline" (a stop save could not fit: estimate_s, deficit_s, kept), "already-committed"
+# (the stop step is committed already: kept), "failed" (an async save's write failed: error; not committed)
+EVENT_STOP_SIGNAL = "stop_signal"
+# signal, signal_time (unix, recorded by the handler), step (the last finished), since_signal_s: the loop saw it
+EVENT_STOP_AGREED = (
+    "stop_agreed"  # step, reason (REASON_PREEMPTED / REASON_PEER), since_signal_s (null: a peer's)
+)
+EVENT_EXIT = (
+    "exit"  # code, reason (a REASON_* above), message, step, since_start_s: the process's last moment
+)
+# What a save is for (the "kind" of checkpoint events)
+KIND_PERIODIC, KIND_REQUEST, KIND_STOP, KIND_FINAL = "periodic", "request", "stop", "final"
+TIER_DURABLE = "durable"  # the checkpoint volume
 EVENTS = (
     EVENT_PROCESS_STARTED,
     EVENT_PROCESS_GROUP_READY,

@@ -27,11 +27,13 @@ NO_DEFICIT = -1e18  # "my save fits" (or I was not signalled): the MAX over rank
 
 
 class StopSignals:
-    """Installs handlers that only set a flag. `received` is the signal's name, `at` its time.monotonic()."""
+    """Installs handlers that only set a flag. `received` is the signal's name, `at` its time.monotonic(),
+    `wall_at` its time.time() (for the stop_signal event, which the loop emits: a handler only assigns floats)."""
 
     def __init__(self, names: list[str]):
         self.received: str | None = None
         self.at: float | None = None
+        self.wall_at: float | None = None
         self._previous = {}
         for name in names:
             sig = getattr(signal, name)
@@ -39,7 +41,8 @@ class StopSignals:
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.received is None:
-            self.received, self.at = signal.Signals(signum).name, time.monotonic()
+            self.at, self.wall_at = time.monotonic(), time.time()
+            self.received = signal.Signals(signum).name  # last: whoever sees it set sees the times too
 
     def restore(self) -> None:
         for sig, prev in self._previous.items():
@@ -71,6 +74,7 @@ class CoordinatorClient:
     def __init__(self, url: str, token: str | None, interval: float):
         self.url, self.token, self.interval = url.rstrip("/"), token, interval
         self.latest_request = 0
+        self.latest_reason: str | None = None  # the reason the coordinator gave for latest_request
         self._pending: dict | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -105,6 +109,7 @@ class CoordinatorClient:
             rid = int(req.get("id") or 0)
             if rid > max(self.latest_request, int(doc.get("handledRequestId") or 0)):
                 log.info("coordinator asks for a checkpoint (request %d: %s)", rid, req.get("reason"))
+                self.latest_reason = req.get("reason")
                 self.latest_request = rid
             self._last_error = ""
         except (OSError, ValueError) as e:

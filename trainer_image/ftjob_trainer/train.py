@@ -17,9 +17,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ftjob_trainer import contract
-from ftjob_trainer.checkpoint import Checkpointer, NothingLoadable, now_rfc3339
+from ftjob_trainer import contract, events
+from ftjob_trainer.checkpoint import Checkpointer, NothingLoadable
 from ftjob_trainer.config import ConfigError, TrainConfig, parse_args, to_dict
+from ftjob_trainer.contract import KIND_FINAL, KIND_PERIODIC, KIND_REQUEST, KIND_STOP, now_rfc3339
 from ftjob_trainer.data import GlobalBatches, make_source
 from ftjob_trainer.engine import Engine, build_model, state_sha256
 from ftjob_trainer.preemption import (
@@ -45,10 +46,18 @@ def init_distributed() -> tuple[int, int, int, torch.device]:
         torch.cuda.set_device(device)
     # async DCP saves need a CPU backend next to NCCL
     backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
+    started = time.monotonic()
     if "RANK" in os.environ:  # under torchrun
         dist.init_process_group(backend)
     else:  # plain `python -m`: a world of one
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    events.set_rank(dist.get_rank())
+    events.emit(
+        contract.EVENT_PROCESS_GROUP_READY,
+        backend=backend,
+        world_size=dist.get_world_size(),
+        seconds=round(time.monotonic() - started, 4),
+    )
     return dist.get_rank(), dist.get_world_size(), local_rank, device
 
 
@@ -57,7 +66,9 @@ class Trainer:
         self.cfg, self.signals = cfg, signals
         self.rank, self.world_size, self.local_rank, self.device = init_distributed()
         cfg.data.check_world_size(self.world_size)
+        started = time.monotonic()
         model = build_model(cfg.model, self.device, cfg.data.seed)
+        params = sum(p.numel() for p in model.parameters())
         self.source = make_source(cfg.data, model.vocab_size)
         self.engine = Engine(
             model,
@@ -66,6 +77,12 @@ class Trainer:
             opt_cfg=cfg.optimizer,
             par_cfg=cfg.parallel,
             total_steps=cfg.run.steps,
+        )
+        events.emit(
+            contract.EVENT_MODEL_BUILT,
+            model=cfg.model.model_factory or cfg.model.name,
+            params=params,
+            seconds=round(time.monotonic() - started, 4),
         )
         self.ckpt = Checkpointer(
             cfg.checkpoint.checkpoint_dir,
@@ -98,6 +115,8 @@ class Trainer:
         }
         self.handled_request = 0
         self.step: int | None = None  # the last step finished (error reports name it)
+        self.signal_seen = False  # the stop_signal event is emitted once, when the loop first sees the flag
+        self.ending: dict[str, Any] = {}  # code, reason, message, step: the exit event's fields (terminate())
 
     # --- helpers ---------------------------------------------------------------------------------------------
     def write_report(self) -> None:
@@ -148,12 +167,30 @@ class Trainer:
         self.report.update(step=step, exit_code=code, reason=reason, data_cursor=self.batches.cursor(step))
         self.write_report()
         log.info("exit %d (%s): %s", code, reason, message)
+        self.ending = {"code": code, "reason": reason, "message": message, "step": step}
         return code
+
+    def signalled(self) -> bool:
+        """This rank's stop flag; the first time the loop sees it set, say so (a handler cannot: it only records)."""
+        if self.signals.received is None:
+            return False
+        if not self.signal_seen:
+            self.signal_seen = True
+            events.emit(
+                contract.EVENT_STOP_SIGNAL,
+                signal=self.signals.received,
+                signal_time=self.signals.wall_at,
+                step=self.step,
+                since_signal_s=round(time.monotonic() - self.signals.at, 4),
+            )
+        return True
 
     # --- the loop --------------------------------------------------------------------------------------------
     def run(self) -> int:
         cfg = self.cfg
         loaded = self.ckpt.load_latest()
+        if not loaded:
+            events.emit(contract.EVENT_FRESH_START, checkpoint_dir=cfg.checkpoint.checkpoint_dir)
         step = loaded.step if loaded else 0
         self.step = step
         meta = loaded.meta if loaded else {}
@@ -180,7 +217,7 @@ class Trainer:
         tokens_per_step = cfg.data.global_batch_size * cfg.data.seq_len
         t0, steps_timed = time.perf_counter(), 0
         if step < cfg.run.steps:  # a signal during startup or loading: stop before training a step
-            agreed = agree(self.signals.received is not None, 0, self.deficit())
+            agreed = agree(self.signalled(), 0, self.deficit())
             if agreed.stop:
                 return self.stop(step, agreed.deficit)
         while step < cfg.run.steps:
@@ -190,9 +227,11 @@ class Trainer:
             step += 1
             self.step = step
             steps_timed += 1
-            if steps_timed == 1 and cfg.checkpoint.checkpoint_dir:
-                # after one step the optimizer state exists: size the pinned staging buffers in the background now
-                self.ckpt.warm_up()
+            if steps_timed == 1:
+                events.emit(contract.EVENT_FIRST_STEP, step=step, seconds=round(events.since_start(), 4))
+                if cfg.checkpoint.checkpoint_dir:
+                    # after one step the optimizer state exists: size the pinned staging buffers in the background
+                    self.ckpt.warm_up()
             done = self.ckpt.poll()
             if done:
                 self.on_commit(*done)
@@ -204,11 +243,13 @@ class Trainer:
                 )
                 if step % cfg.run.log_every == 0:
                     log.info("step %d loss %.4f tokens/s %.0f", step, value, rate)
+                    if self.rank == 0:
+                        events.emit(contract.EVENT_STEP, step=step, loss=value, tokens_per_s=round(rate, 1))
                 self.write_report()
             if self.client and step % cfg.preemption.progress_every == 0:
                 self.client.post_progress(step=step, worldSize=self.world_size, loss=self.report["loss"])
             agreed = agree(
-                self.signals.received is not None,
+                self.signalled(),
                 self.client.latest_request if self.client else 0,
                 self.deficit(),
             )
@@ -219,11 +260,18 @@ class Trainer:
             if agreed.request_id > self.handled_request:
                 self.handled_request = agreed.request_id
                 log.info("saving step %d for coordinator request %d", step, agreed.request_id)
+                events.emit(
+                    contract.EVENT_CHECKPOINT_REQUESTED,
+                    id=agreed.request_id,
+                    reason=self.client.latest_reason if self.client else None,  # rank 0 polls the coordinator
+                    step=step,
+                )
                 path = self.ckpt.save(
                     step,
                     self.meta(step, "request"),
                     asynchronous=cfg.checkpoint.async_checkpoint,
                     request_id=agreed.request_id,
+                    kind=KIND_REQUEST,
                 )
                 if path:
                     self.on_commit(step, path, agreed.request_id)
@@ -233,7 +281,10 @@ class Trainer:
                 and step < cfg.run.steps
             ):
                 path = self.ckpt.save(
-                    step, self.meta(step, "periodic"), asynchronous=cfg.checkpoint.async_checkpoint
+                    step,
+                    self.meta(step, "periodic"),
+                    asynchronous=cfg.checkpoint.async_checkpoint,
+                    kind=KIND_PERIODIC,
                 )
                 if path:
                     self.on_commit(step, path, None)
@@ -242,7 +293,7 @@ class Trainer:
             done = self.ckpt.drain()
             if done:
                 self.on_commit(*done)
-            self.on_commit(step, self.ckpt.save(step, self.meta(step, "final")), None)
+            self.on_commit(step, self.ckpt.save(step, self.meta(step, "final"), kind=KIND_FINAL), None)
         return self.terminate(step, contract.REASON_DONE, contract.EXIT_DONE, f"finished all {step} steps")
 
     def deficit(self) -> float:
@@ -259,6 +310,12 @@ class Trainer:
     def stop(self, step: int, deficit: float) -> int:
         reason = contract.REASON_PREEMPTED if self.signals.received else contract.REASON_PEER
         who = f"signal {self.signals.received}" if self.signals.received else "a peer's stop"
+        events.emit(
+            contract.EVENT_STOP_AGREED,
+            step=step,
+            reason=reason,
+            since_signal_s=round(time.monotonic() - self.signals.at, 4) if self.signals.at else None,
+        )
         if not self.cfg.checkpoint.checkpoint_dir:
             return self.terminate(
                 step,
@@ -276,14 +333,30 @@ class Trainer:
                 f"last committed checkpoint {self.report['last_checkpoint']}"
             )
             log.warning(msg)
+            events.emit(
+                contract.EVENT_CHECKPOINT_SKIPPED,
+                step=step,
+                kind=KIND_STOP,
+                reason="deadline",
+                estimate_s=self.ckpt.estimate_save_seconds(),
+                deficit_s=round(deficit, 4),
+                kept=self.report["last_checkpoint"],
+            )
             return self.terminate(step, contract.REASON_DEADLINE, contract.EXIT_RESTART, msg)
         t = time.monotonic()
         last = self.ckpt.last_committed
         if last and last[0] == step and self.ckpt.inflight is None:  # e.g. stopped right after resuming
             msg = f"stopped at step {step} on {who}; this step is already committed as {last[1]}"
+            events.emit(
+                contract.EVENT_CHECKPOINT_SKIPPED,
+                step=step,
+                kind=KIND_STOP,
+                reason="already-committed",
+                kept=last[1],
+            )
             return self.terminate(step, reason, contract.EXIT_RESTART, msg)
         self.report["preemption_saves"] += 1
-        path = self.ckpt.save(step, self.meta(step, reason), asynchronous=False)
+        path = self.ckpt.save(step, self.meta(step, reason), asynchronous=False, kind=KIND_STOP)
         self.on_commit(step, path, None)
         since = (
             f"{time.monotonic() - self.signals.at:.2f}s after the signal" if self.signals.at else "on request"
@@ -312,40 +385,69 @@ def setup_logging() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     setup_logging()
+    events.emit(
+        contract.EVENT_PROCESS_STARTED,
+        restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+        world_size=int(os.environ.get("WORLD_SIZE", "1")),
+        started_at=round(events.STARTED_AT, 6),
+        since_start_s=round(events.since_start(), 4),  # interpreter start and imports
+    )
     try:
         cfg = parse_args(argv)
     except ConfigError as e:
         log.error("configuration error: %s", e)
         _report_error(None, None, contract.EXIT_CONFIG_ERROR, f"configuration error: {e}")
+        _emit_exit(contract.EXIT_CONFIG_ERROR, contract.REASON_ERROR, f"configuration error: {e}", None)
         return contract.EXIT_CONFIG_ERROR
     signals = StopSignals(cfg.preemption.signal_names())  # first: a signal during startup is not lost
     log.info("config: %s", to_dict(cfg))
     trainer = None
     code = contract.EXIT_ERROR
+    error = ""
     try:
         trainer = Trainer(cfg, signals)
         code = trainer.run()
     except ConfigError as e:
         log.error("configuration error: %s", e)
-        code = contract.EXIT_CONFIG_ERROR
-        write_termination_message(cfg.preemption.termination_log, _error_doc(code, str(e)))
-        _report_error(cfg, trainer, code, str(e))
+        code, error = contract.EXIT_CONFIG_ERROR, str(e)
+        write_termination_message(cfg.preemption.termination_log, _error_doc(code, error))
+        _report_error(cfg, trainer, code, error)
     except NothingLoadable as e:
         log.error("%s", e)
-        write_termination_message(cfg.preemption.termination_log, _error_doc(code, str(e)))
-        _report_error(cfg, trainer, code, str(e))
+        error = str(e)
+        write_termination_message(cfg.preemption.termination_log, _error_doc(code, error))
+        _report_error(cfg, trainer, code, error)
     except Exception as e:  # noqa: BLE001 - the exit code and termination message must say "error"
         log.exception("training failed")
-        write_termination_message(
-            cfg.preemption.termination_log, _error_doc(code, f"{type(e).__name__}: {e}")
-        )
-        _report_error(cfg, trainer, code, f"{type(e).__name__}: {e}")
+        error = f"{type(e).__name__}: {e}"
+        write_termination_message(cfg.preemption.termination_log, _error_doc(code, error))
+        _report_error(cfg, trainer, code, error)
     finally:
         if trainer is not None:
             trainer.close(finished=code == contract.EXIT_DONE)
         if dist.is_initialized():
             dist.destroy_process_group()
+        # the last moment: what terminate() decided, or the error
+        ending = trainer.ending if trainer is not None and trainer.ending else {}
+        _emit_exit(
+            code,
+            ending.get("reason", contract.REASON_ERROR),
+            ending.get("message", error),
+            ending.get("step", trainer.step if trainer else None),
+        )
     return code
+
+
+def _emit_exit(code: int, reason: str, message: str, step: int | None) -> None:
+    events.emit(
+        contract.EVENT_EXIT,
+        code=code,
+        reason=reason,
+        message=message,
+        step=step,
+        since_start_s=round(events.since_start(), 4),
+    )
 
 
 def _report_error(cfg: TrainConfig | None, trainer: Trainer | None, code: int, message: str) -> None:

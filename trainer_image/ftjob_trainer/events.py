@@ -1,0 +1,67 @@
+"""The trainer's structured events: one JSON line per moment on the log stream (names and fields: contract.py).
+
+People read the log lines; the demo, the benches and the tests read these. Never call emit() from a signal
+handler: it takes a lock and writes to a stream (the handler records a time; the loop emits stop_signal).
+Torch-free, so that it can stamp the process start before torch is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Any, TextIO
+
+from ftjob_trainer import contract
+
+_lock = threading.Lock()
+_rank: int | None = int(os.environ["RANK"]) if os.environ.get("RANK", "").isdigit() else None
+_stream: TextIO | None = None  # None: sys.stderr at the moment of writing (the log handler's stream)
+
+
+def process_start_time() -> float:
+    """When this process started (unix seconds): from /proc, so it includes the interpreter's start and imports;
+    the time of this module's import where /proc is not there."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after "(comm)", which may hold spaces
+        ticks = int(fields[19])  # field 22 of stat(5): starttime, clock ticks after boot
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return _IMPORTED_AT
+
+
+_IMPORTED_AT = time.time()
+STARTED_AT = process_start_time()
+
+
+def set_rank(rank: int | None) -> None:
+    """The global rank stamped on every later event (once the process group exists)."""
+    global _rank
+    _rank = rank
+
+
+def set_stream(stream: TextIO | None) -> None:
+    """Where events go (None: sys.stderr, where the log lines go too); tests that run the trainer in-process."""
+    global _stream
+    _stream = stream
+
+
+def emit(name: str, **fields: Any) -> dict[str, Any]:
+    """Write one event line (time, rank and pid added) and flush it at once: a reader may be waiting on it, and a
+    process killed right after must not lose it in a buffer. Returns the event as written."""
+    event = {"time": round(time.time(), 6), "rank": _rank, "pid": os.getpid(), **fields}
+    line = contract.event_line(name, **event) + "\n"
+    with _lock:
+        stream = _stream or sys.stderr
+        stream.write(line)
+        stream.flush()
+    return {"event": name, **event}
+
+
+def since_start() -> float:
+    """Seconds since this process started."""
+    return time.time() - STARTED_AT
