@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 from collections.abc import Callable, Iterable
 
@@ -21,6 +22,8 @@ from torch.distributed.checkpoint.state_dict import (
 from ftjob_trainer.config import ConfigError, ModelConfig, OptimizerConfig, ParallelConfig
 from ftjob_trainer.data import load_factory
 from ftjob_trainer.parallelize import parallelize
+
+log = logging.getLogger(__name__)
 
 
 def lr_lambda(opt: OptimizerConfig, total_steps: int) -> Callable[[int], float]:
@@ -41,9 +44,14 @@ def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
 
-def build_model(cfg: ModelConfig, device: torch.device, seed: int) -> nn.Module:
-    torch.manual_seed(seed)  # every rank builds the same full model, then FSDP keeps its shard
-    with device:
+def build_model(cfg: ModelConfig, device: torch.device, seed: int, *, on_meta: bool = False) -> nn.Module:
+    """The full model, initialised from `seed` on `device` (every rank builds the same one; FSDP keeps its shard).
+
+    on_meta (a checkpoint will overwrite every weight): build on the meta device instead, so nothing is allocated
+    or initialised; Engine materialises the shards on the device after sharding. A model whose non-persistent
+    buffers (not in checkpoints) cannot be recomputed, having no init_buffers(device), is built on the device."""
+    torch.manual_seed(seed)
+    with torch.device("meta") if on_meta else device:
         if cfg.model_factory:
             model = load_factory(cfg.model_factory, "--model-factory")()
             if not isinstance(model, nn.Module):
@@ -57,7 +65,32 @@ def build_model(cfg: ModelConfig, device: torch.device, seed: int) -> nn.Module:
     vocab = getattr(model, "vocab_size", None)
     if not isinstance(vocab, int) or vocab < 1:
         raise ConfigError("the model needs an int attribute vocab_size (the size of its output layer)")
+    if on_meta and not can_materialise(model):
+        log.info(
+            "the model has non-persistent buffers and no init_buffers(device): building it on %s", device
+        )
+        return build_model(cfg, device, seed)
     return model
+
+
+def on_meta_device(model: nn.Module) -> bool:
+    return any(p.is_meta for p in model.parameters())
+
+
+def can_materialise(model: nn.Module) -> bool:
+    """A model built on meta can be loaded from a checkpoint alone when every buffer the checkpoint lacks (the
+    non-persistent ones) can be recomputed by model.init_buffers(device)."""
+    non_persistent = any(m._non_persistent_buffers_set for m in model.modules())
+    return not non_persistent or callable(getattr(model, "init_buffers", None))
+
+
+def materialise(model: nn.Module, device: torch.device, *, cpu_offload: bool) -> None:
+    """Allocate (uninitialised) storage for a sharded model built on meta, then recompute its non-persistent buffers
+    on the compute device. With CPUOffloadPolicy the shards live on the host (FSDP pins them); buffers never do."""
+    model.to_empty(device="cpu" if cpu_offload else device)
+    init_buffers = getattr(model, "init_buffers", None)
+    if callable(init_buffers):
+        init_buffers(device)
 
 
 class Engine:
@@ -86,6 +119,9 @@ class Engine:
             activation_checkpointing=model_cfg.activation_checkpointing,
             compile=model_cfg.compile,
         )
+        self.built_on_meta = on_meta_device(self.model)
+        if self.built_on_meta:  # a checkpoint fills in every weight: only allocate the shards
+            materialise(self.model, device, cpu_offload=par_cfg.cpu_offload)
         self.opt_cfg = opt_cfg
         # compiled, the fp32 cast, log-softmax and loss fuse: the [tokens, vocab] fp32 logits are never written out
         self.loss_fn = torch.compile(next_token_loss) if model_cfg.compile else next_token_loss

@@ -88,6 +88,12 @@ class Transformer(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         self.init_weights()
 
+    def init_buffers(self, device: torch.device) -> None:
+        """Recompute the non-persistent buffers on `device` (a model built on meta and loaded from a checkpoint)."""
+        a = self.args
+        with device:  # computed where __init__ computes them (under build_model's device), so bitwise equal
+            self.rope_cos, self.rope_sin = rope_tables(a.dim // a.n_heads, a.max_seq_len, a.rope_theta)
+
     @torch.no_grad()
     def init_weights(self) -> None:
         std = 0.02
