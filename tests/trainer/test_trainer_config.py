@@ -15,7 +15,7 @@ EXPECTED_FLAGS = {
     "--data", "--data-factory", "--seq-len", "--global-batch-size", "--grad-accum", "--seed",
     "--lr", "--min-lr-ratio", "--warmup-steps", "--weight-decay", "--grad-clip",
     "--checkpoint-dir", "--checkpoint-every", "--keep-last", "--async-checkpoint", "--save-deadline-seconds",
-    "--checkpoint-write-threads",
+    "--checkpoint-write-threads", "--checkpoint-read-threads", "--memory-checkpoint-dir", "--compile-cache",
     "--cpu-offload", "--param-offload",
     "--stop-signals", "--termination-log", "--coordinator-url", "--poll-interval", "--progress-every",
     "--steps", "--report", "--log-every", "--hash-on-load",

@@ -126,6 +126,22 @@ class CheckpointConfig:
         "threads (and files) per rank that write a checkpoint: one stream rarely fills a disk",
         flag="--checkpoint-write-threads",
     )
+    read_threads: int = opt(
+        8,
+        "threads per rank that read a checkpoint, one file each (its files: --checkpoint-write-threads per rank)",
+        flag="--checkpoint-read-threads",
+    )
+    memory_checkpoint_dir: str | None = opt(
+        None,
+        "node-local folder (the pod's /dev/shm volume) that every save writes first; the durable copy in "
+        "--checkpoint-dir follows in the background, and a restart in the same pod reads its files from here",
+        kind="opt_str",
+    )
+    compile_cache: bool = opt(
+        True,
+        "with --compile: keep torch.compile's caches in <checkpoint-dir>/compile-cache (TORCHINDUCTOR_CACHE_DIR), "
+        "so a restarted or replaced worker does not compile from scratch",
+    )
 
     def __post_init__(self) -> None:
         if self.keep_last < 1:
@@ -134,8 +150,15 @@ class CheckpointConfig:
             )
         if self.checkpoint_every < 0:
             raise ConfigError(f"--checkpoint-every must be >= 0 (got {self.checkpoint_every})")
-        if self.write_threads < 1:
-            raise ConfigError(f"--checkpoint-write-threads must be >= 1 (got {self.write_threads})")
+        if self.write_threads < 1 or self.read_threads < 1:
+            raise ConfigError(
+                "--checkpoint-write-threads and --checkpoint-read-threads must be >= 1 "
+                f"(got {self.write_threads}, {self.read_threads})"
+            )
+        if self.memory_checkpoint_dir and not self.checkpoint_dir:
+            raise ConfigError(
+                "--memory-checkpoint-dir is the fast tier in front of --checkpoint-dir; set --checkpoint-dir too"
+            )
         if self.save_deadline_seconds <= 0:
             raise ConfigError(f"--save-deadline-seconds must be > 0 (got {self.save_deadline_seconds})")
         if self.checkpoint_dir is None and (self.checkpoint_every or self.async_checkpoint):
