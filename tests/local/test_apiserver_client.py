@@ -9,8 +9,8 @@ import threading
 import time
 
 import pytest
-from ftjob_local.apiserver import server as server_mod
 from ftjob_local.apiserver import start_in_thread
+from ftjob_local.apiserver import watch as watch_mod
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
@@ -216,7 +216,7 @@ def test_patch_types(api):
 
 
 def test_watch_from_resource_version_selectors_and_bookmarks(api, monkeypatch):
-    monkeypatch.setattr(server_mod, "BOOKMARK_EVERY_S", 0.2)
+    monkeypatch.setattr(watch_mod, "BOOKMARK_EVERY_S", 0.2)
     core = client.CoreV1Api(api)
     core.create_namespaced_config_map(NS, {"metadata": {"name": "before", "labels": {"w": "1"}}})
     rv = core.list_namespaced_config_map(NS).metadata.resource_version

@@ -23,7 +23,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import ApiError
+from .errors import ApiError, forbidden
+from .resources import SA_KEY
 
 RBAC = "rbac.authorization.k8s.io"
 
@@ -97,6 +98,27 @@ def unauthorized() -> ApiError:
         "Unauthorized",
         "Unauthorized: the bearer token is invalid, expired, or its ServiceAccount no longer exists",
     )
+
+
+def authenticate(headers: Any, tokens: Tokens, store: Any) -> User | None:
+    """Who asks (see the module docstring): None is the local administrator, who sent no credentials."""
+    header = headers.get("Authorization", "")
+    if header.lower().startswith("bearer "):
+        claims = tokens.verify(header[7:].strip())
+        if claims is None:
+            raise unauthorized()
+        sa = store.get(SA_KEY, claims["ns"], claims["sa"])
+        if sa is None or sa["metadata"]["uid"] != claims.get("uid"):
+            raise unauthorized()
+        if headers.get("Impersonate-User"):
+            raise forbidden(
+                f'users "{headers["Impersonate-User"]}" is forbidden: ServiceAccounts '
+                "may not impersonate on the local API server"
+            )
+        return User.service_account(claims["ns"], claims["sa"])
+    if headers.get("Impersonate-User"):
+        return User.named(headers["Impersonate-User"], headers.getall("Impersonate-Group", []))
+    return None
 
 
 # What Kubernetes' bootstrap policy (system:basic-user) grants every authenticated user.
@@ -181,3 +203,30 @@ def forbidden_message(user: User, verb: str, group: str, resource: str, ns: str,
         f'{what} is forbidden: User "{user.name}" cannot {verb} resource "{base}"{sub_text} in API group '
         f'"{group}" {scope}'
     )
+
+
+def access_review(store: Any, plural: str, kind: str, user: User | None, body: Any) -> dict[str, Any]:
+    """A SelfSubjectAccessReview or SubjectAccessReview answered (never stored)."""
+    spec = (body or {}).get("spec") or {}
+    if plural == "subjectaccessreviews":
+        user = User.named(spec.get("user", ""), spec.get("groups") or [])
+    attrs = spec.get("resourceAttributes") or {}
+    if attrs:
+        resource = attrs.get("resource", "") + (
+            f"/{attrs['subresource']}" if attrs.get("subresource") else ""
+        )
+        allowed = user is None or rbac_allows(
+            store,
+            user,
+            attrs.get("verb", ""),
+            attrs.get("group", ""),
+            resource,
+            attrs.get("namespace", ""),
+            attrs.get("name") or None,
+        )
+    else:  # non-resource URLs (discovery, /version, /healthz) are open to every authenticated user
+        allowed = True
+    out = dict(body or {})
+    out.update(apiVersion="authorization.k8s.io/v1", kind=kind)
+    out["status"] = {"allowed": allowed, **({"reason": "RBAC: allowed"} if allowed else {})}
+    return out

@@ -61,8 +61,11 @@ def gv_document(registry: Registry, group: str, version: str) -> dict[str, Any]:
             "patch": op("patch", "dryRun", "fieldManager", "fieldValidation", "force"),
             "delete": op("delete", "dryRun", "gracePeriodSeconds", "propagationPolicy"),
         }
-        for sub in rt.served_subresources(version):
-            if sub in ("status", "scale"):
+        for sub, served in (
+            ("status", rt.has_status(version)),
+            ("scale", rt.scale_spec(version) is not None),
+        ):
+            if served:
                 paths[base + "/{name}/" + sub] = {
                     "get": op("get"),
                     "put": op("put", "fieldValidation"),

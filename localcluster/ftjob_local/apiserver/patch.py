@@ -134,3 +134,29 @@ def strategic_merge_patch(target: Any, patch: Any) -> Any:
             if key not in retain:
                 del result[key]
     return result
+
+
+def apply_patch(current: Any, body: Any, content_type: str, strategic: bool) -> Any:
+    """`current` patched by `body` as its Content-Type says; `strategic`: whether the type takes strategic merge
+    patches (built-ins do, custom resources do not)."""
+    if content_type == "application/json-patch+json":
+        return json_patch(current, body)
+    if content_type == "application/merge-patch+json":
+        return merge_patch(current, body)
+    if content_type == "application/strategic-merge-patch+json":
+        if not strategic:
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                "the body of the request was in an unknown format - "
+                "accepted media types include: application/json-patch+json, "
+                "application/merge-patch+json, application/apply-patch+yaml",
+            )
+        return strategic_merge_patch(current, body)
+    raise ApiError(
+        415,
+        "UnsupportedMediaType",
+        f"unsupported patch type {content_type!r}: use "
+        "application/json-patch+json, application/merge-patch+json or "
+        "application/strategic-merge-patch+json",
+    )

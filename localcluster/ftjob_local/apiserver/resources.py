@@ -5,6 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .store import Key
+
+CRD_KEY: Key = ("apiextensions.k8s.io", "customresourcedefinitions")
+NS_KEY: Key = ("", "namespaces")
+NODE_KEY: Key = ("", "nodes")
+POD_KEY: Key = ("", "pods")
+SVC_KEY: Key = ("", "services")
+SA_KEY: Key = ("", "serviceaccounts")
+SECRET_KEY: Key = ("", "secrets")
+PDB_KEY: Key = ("policy", "poddisruptionbudgets")
+EVENT_KEYS: tuple[Key, ...] = (("", "events"), ("events.k8s.io", "events"))
+
 
 @dataclass
 class ResourceType:
@@ -15,7 +27,9 @@ class ResourceType:
     namespaced: bool = True
     short_names: list[str] = field(default_factory=list)
     categories: list[str] = field(default_factory=list)
-    subresources: list[str] = field(default_factory=list)  # status, scale, log, eviction, binding
+    # "status" and "scale" of built-ins: they change how the object is stored (custom resources declare them in
+    # their CRD). Where the other subresources are served is said by their entry in subresources.SUBRESOURCES.
+    subresources: list[str] = field(default_factory=list)
     # Custom resources only:
     crd: dict[str, Any] | None = None
 
@@ -24,7 +38,7 @@ class ResourceType:
         return self.kind.lower()
 
     @property
-    def key(self) -> tuple[str, str]:
+    def key(self) -> Key:
         return (self.group, self.plural)
 
     @property
@@ -64,12 +78,6 @@ class ResourceType:
             )
         return (self.crd_version(version or self.versions[0]).get("subresources") or {}).get("scale")
 
-    def served_subresources(self, version: str) -> list[str]:
-        if self.crd is None:
-            return list(self.subresources)
-        subs = self.crd_version(version).get("subresources") or {}
-        return [s for s in ("status", "scale") if s in subs]
-
 
 def _rt(
     group: str,
@@ -95,7 +103,7 @@ def _rt(
 
 BUILTINS: list[ResourceType] = [
     _rt("", "v1", "namespaces", "Namespace", False, "ns", "status"),
-    _rt("", "v1", "pods", "Pod", True, "po", "status log eviction binding", "all"),
+    _rt("", "v1", "pods", "Pod", True, "po", "status", "all"),
     _rt("", "v1", "services", "Service", True, "svc", "status", "all"),
     _rt("", "v1", "endpoints", "Endpoints", True, "ep"),
     _rt("", "v1", "events", "Event", True, "ev"),
@@ -104,7 +112,7 @@ BUILTINS: list[ResourceType] = [
     _rt("", "v1", "nodes", "Node", False, "no", "status"),
     _rt("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", True, "pvc", "status"),
     _rt("", "v1", "persistentvolumes", "PersistentVolume", False, "pv", "status"),
-    _rt("", "v1", "serviceaccounts", "ServiceAccount", True, "sa", "token"),
+    _rt("", "v1", "serviceaccounts", "ServiceAccount", True, "sa"),
     _rt("", "v1", "resourcequotas", "ResourceQuota", True, "quota", "status"),
     _rt("", "v1", "limitranges", "LimitRange", True, "limits"),
     _rt("apps", "v1", "deployments", "Deployment", True, "deploy", "status scale", "all"),

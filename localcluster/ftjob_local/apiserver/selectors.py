@@ -116,3 +116,20 @@ def parse_field_selector(text: str | None) -> Matcher:
                 f"invalid field selector requirement {part!r}: expected path=value or path!=value"
             )
     return lambda obj: all(r(obj) for r in reqs)
+
+
+def object_matcher(params: Any, ns: str | None, name: str | None = None) -> Matcher:
+    """Whether an object is in `ns` (None: any), is called `name` (None: any), and matches the request's
+    labelSelector and fieldSelector."""
+    labels = parse_label_selector(params.get("labelSelector"))
+    fields = parse_field_selector(params.get("fieldSelector"))
+
+    def match(obj: dict[str, Any]) -> bool:
+        meta = obj["metadata"]
+        if ns is not None and meta.get("namespace", "") != ns:
+            return False
+        if name is not None and meta["name"] != name:
+            return False
+        return labels(meta.get("labels") or {}) and fields(obj)
+
+    return match

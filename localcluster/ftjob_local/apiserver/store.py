@@ -83,6 +83,19 @@ class Store:
         items.sort(key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
         return items
 
+    def locate(self, uid: str) -> tuple[Key, str, str] | None:
+        """Where the object with this uid lives: (key, namespace, name), or None when it is gone."""
+        return self.by_uid.get(uid)
+
+    def subscribe(self) -> asyncio.Queue[Event]:
+        """A queue that receives every event from now on; unsubscribe() it when done."""
+        queue: asyncio.Queue[Event] = asyncio.Queue()
+        self.watchers.add(queue)
+        return queue
+
+    def unsubscribe(self, queue: asyncio.Queue[Event]) -> None:
+        self.watchers.discard(queue)
+
     def _index_owners(self, key: Key, ns: str, name: str, obj: dict[str, Any] | None, add: bool) -> None:
         for ref in (obj or {}).get("metadata", {}).get("ownerReferences") or []:
             uid = ref.get("uid")

@@ -7,6 +7,7 @@ import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
+from ftjob_trainer.contract import parse_time
 from jsonpath_ng.ext import parse as jsonpath_parse
 
 from .resources import ResourceType
@@ -14,18 +15,12 @@ from .resources import ResourceType
 Column = tuple[str, str, int, Callable[[dict[str, Any]], Any]]  # name, type, priority, getter
 
 
-def parse_time(ts: str | None) -> dt.datetime | None:
-    if not ts:
-        return None
-    try:
-        return dt.datetime.fromisoformat(ts.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def human_duration(ts: str | None) -> str:
     """kubectl's HumanDuration, as shown in AGE columns."""
-    t = parse_time(ts)
+    try:
+        t = parse_time(ts)
+    except ValueError:  # whatever a client wrote into a time field
+        t = None
     if t is None:
         return "<unknown>"
     s = int((dt.datetime.now(dt.timezone.utc) - t).total_seconds())
