@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from trainer_testlib import TINY, finish, kill_tree, list_steps, log_of, read_json
+from trainer_testlib import TINY, events_of, finish, kill_tree, list_steps, log_of, read_json
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +57,12 @@ def test_sigkill_during_a_save_leaves_the_previous_checkpoint_chosen(procs, tmp_
     assert finish(p) == 0, log_of(p)[-3000:]
     doc = read_json(tmp_path / "resumed.json")
     assert doc["resumed_from_step"] == previous and doc["step"] == previous + 3
-    assert "removing incomplete save" in log_of(p)
+    assert {(e["rank"], e["step"]) for e in events_of(p) if e["event"] == "checkpoint_loaded"} == {
+        (0, previous),
+        (1, previous),
+    }
+    # the half-written save (a step the resumed run never saves: it saves only its last step): removed at the start
+    assert step != previous + 3 and not (ckpt / caught).exists()
     assert not any(n.startswith(".tmp-step-") for n in os.listdir(ckpt))
 
 
@@ -111,8 +116,11 @@ def test_corrupted_newest_is_skipped_kept_as_evidence_and_retention_survives_res
         ["--steps", "10", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2", "--keep-last", "2"],
     )
     assert finish(p) == 0, log_of(p)[-3000:]
-    text = log_of(p)
-    assert "CHECKPOINT LOAD FAILED" in text and "step-000000006" in text and "falling back" in text
+    evs = events_of(p)
+    rejected = [(e["rank"], e["step"], e["path"]) for e in evs if e["event"] == "checkpoint_rejected"]
+    assert sorted(rejected) == [(r, 6, str(ckpt / "step-000000006")) for r in (0, 1)], rejected
+    loaded = [(e["rank"], e["step"]) for e in evs if e["event"] == "checkpoint_loaded"]
+    assert sorted(loaded) == [(0, 4), (1, 4)]  # both ranks fell back together
     assert read_json(tmp_path / "b.json")["resumed_from_step"] == 4
     assert list_steps(ckpt) == [8, 10]
     evidence = [n for n in os.listdir(ckpt) if n.startswith("failed-step-000000006-")]

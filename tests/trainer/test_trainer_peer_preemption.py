@@ -5,11 +5,20 @@ exits, the survivor exits 75, its agent restarts it into a new round alone, and 
 from __future__ import annotations
 
 import os
-import re
 import signal
 
 import pytest
-from trainer_testlib import TINY, finish, http, log_of, read_json, report_step, start_coordinator, wait_for
+from trainer_testlib import (
+    TINY,
+    events_of,
+    finish,
+    http,
+    log_of,
+    read_json,
+    report_step,
+    start_coordinator,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 TOKEN = "t0ken"
@@ -62,9 +71,16 @@ def test_sigterm_to_one_agent_both_save_same_step_survivor_restarts(procs, tmp_p
 
     # the survivor saved the same step with its peer, exited 75 and was restarted by its agent
     assert finish(agents["b"], timeout=240) == 0, log_of(agents["b"])[-4000:]
-    b_log = log_of(agents["b"])
-    m = re.search(r"exit 75 \(peer-stopped\): stopped at step (\d+)", b_log)
-    assert m and int(m.group(1)) == saved, b_log[-4000:]
+    b = events_of(agents["b"])
+    # two processes in b's pod: the one that stopped with its peer, and the one torchrun restarted in its place
+    starts = [e["restart_count"] for e in b if e["event"] == "process_started"]
+    exits = [(e["code"], e["reason"], e["step"]) for e in b if e["event"] == "exit"]
+    assert starts == [0, 1] and exits == [(75, "peer-stopped", saved), (0, "done", STEPS)], exits
+    (agreed,) = [e for e in b if e["event"] == "stop_agreed"]
+    assert (agreed["step"], agreed["reason"], agreed["since_signal_s"]) == (saved, "peer-stopped", None)
+    assert not [e for e in b if e["event"] == "stop_signal"]  # b was never signalled
+    (loaded,) = [e for e in b if e["event"] == "checkpoint_loaded"]
+    assert loaded["step"] == saved and loaded["saved_world_size"] == 2
     final = read_json(tmp_path / "b.json")
     assert (
         final["world_size"] == 1 and final["resumed_from_step"] == saved and final["first_step"] == saved + 1
