@@ -184,6 +184,26 @@ class CheckpointVolume(_Model):
         return self
 
 
+class MemoryTierSpec(_Model):
+    """The node-local memory tier: every save lands in the worker pod's /dev/shm volume first (seconds), the
+    checkpoint volume gets the durable copy in the background, and a worker restarted in the same pod reads its
+    own files back from memory."""
+
+    enabled: bool = Field(
+        True,
+        description="enabled makes every save write to the pod's /dev/shm first (FTJOB_MEMORY_CHECKPOINT_DIR); "
+        "a step is reported as lastCheckpoint only once its durable copy is committed.",
+    )
+    size_limit: str | None = Field(
+        None,
+        pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$",
+        description="sizeLimit of the worker pods' /dev/shm volume (emptyDir, medium Memory). It counts against "
+        "the pod's memory limit; give it 2 x the checkpoint bytes a pod holds at workers.min (model and "
+        "optimizer state / workers.min; fp32 AdamW: 12-16 bytes per parameter) plus 1Gi for gloo and "
+        "dataloaders. Unset: no limit (the node's memory).",
+    )
+
+
 class CheckpointSpec(_Model):
     """Checkpoint storage and cadence (the trainer saves; the operator mounts and asks)."""
 
@@ -218,6 +238,12 @@ class CheckpointSpec(_Model):
         le=3600,
         description="suspendTimeoutSeconds is how long suspend waits for the requested checkpoint before it "
         "deletes the pods anyway.",
+    )
+    memory_tier: MemoryTierSpec = Field(
+        default_factory=MemoryTierSpec,
+        description="memoryTier puts every save in the worker pod's memory first and the durable copy on the "
+        "volume in the background.",
+        json_schema_extra={"default": {}},
     )
 
 

@@ -367,7 +367,14 @@ def classify(pod: dict[str, Any], nodes: Nodes, noticed: set[str]) -> Loss:
 
 # --- spec checks the schema cannot express ---------------------------------------------------------------------
 RESERVED_TRAINER_FLAGS = frozenset(
-    {"checkpoint-dir", "checkpoint-every", "keep-last", "save-deadline-seconds", "coordinator-url"}
+    {
+        "checkpoint-dir",
+        "checkpoint-every",
+        "keep-last",
+        "save-deadline-seconds",
+        "coordinator-url",
+        "memory-checkpoint-dir",
+    }
 )
 _FLAG_RE = re.compile(r"^[a-z][a-z0-9-]*$")
 

@@ -38,6 +38,9 @@ COORDINATOR_CONTAINER = "coordinator"
 TORCHRUN_MAX_RESTARTS = 1_000_000
 ENV_COORDINATOR_ADDR = "FTJOB_COORDINATOR_ADDR"
 ENV_DISABLE_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+ENV_MEMORY_CHECKPOINT_DIR = "FTJOB_MEMORY_CHECKPOINT_DIR"  # the trainer's --memory-checkpoint-dir
+SHM_PATH = "/dev/shm"
+MEMORY_CHECKPOINT_DIR = f"{SHM_PATH}/ftjob-checkpoints"  # on the ftjob-dshm volume: one per pod
 
 # Env names the operator sets on workers: the pod template may not override them.
 RESERVED_ENV = frozenset(
@@ -53,6 +56,7 @@ RESERVED_ENV = frozenset(
         "FTJOB_CHECKPOINT_DIR",
         "FTJOB_CHECKPOINT_EVERY",
         "FTJOB_KEEP_LAST",
+        ENV_MEMORY_CHECKPOINT_DIR,
         contract.ENV_SAVE_DEADLINE,
         ENV_DISABLE_SHARED_STORE,
     }
@@ -385,6 +389,19 @@ def checkpoint_volume(spec: api.TrainingJobSpec) -> dict[str, Any]:
     return {"name": CHECKPOINT_VOLUME, "emptyDir": empty.to_json()}
 
 
+def shm_volume(spec: api.TrainingJobSpec) -> dict[str, Any]:
+    empty: dict[str, Any] = {"medium": "Memory"}
+    if spec.checkpoint.memory_tier.size_limit:
+        empty["sizeLimit"] = spec.checkpoint.memory_tier.size_limit
+    return {"name": SHM_VOLUME, "emptyDir": empty}
+
+
+def memory_tier_env(spec: api.TrainingJobSpec) -> list[dict[str, Any]]:
+    if not spec.checkpoint.memory_tier.enabled:
+        return []
+    return [{"name": ENV_MEMORY_CHECKPOINT_DIR, "value": MEMORY_CHECKPOINT_DIR}]
+
+
 def checkpoint_dir(ref: JobRef, spec: api.TrainingJobSpec) -> str:
     """Where this job's checkpoints go: jobs that share a claim (or a hostPath) never see each other's."""
     return f"{spec.checkpoint.mount_path.rstrip('/')}/{ref.namespace}/{ref.name}"
@@ -412,12 +429,14 @@ def render_worker_pod(
         {"name": "FTJOB_KEEP_LAST", "value": str(spec.checkpoint.keep_last)},
         {"name": contract.ENV_SAVE_DEADLINE, "value": str(t.save_deadline_seconds)},
         {"name": ENV_DISABLE_SHARED_STORE, "value": "1"},
+        *memory_tier_env(spec),
         *trainer_env(spec),
         *[dict(e) for e in spec.pod_template.env or []],
     ]
     mounts = [
         {"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.mount_path},
-        {"name": SHM_VOLUME, "mountPath": "/dev/shm"},  # gloo and dataloaders use shared memory
+        # gloo, dataloaders and the checkpoints' memory tier use shared memory
+        {"name": SHM_VOLUME, "mountPath": SHM_PATH},
         *[dict(m) for m in spec.pod_template.volume_mounts or []],
     ]
     container: dict[str, Any] = {
@@ -440,7 +459,7 @@ def render_worker_pod(
     pod_spec["containers"] = [container]
     pod_spec["volumes"] = [
         checkpoint_volume(spec),
-        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
+        shm_volume(spec),
         *[dict(v) for v in spec.pod_template.volumes or []],
     ]
     labels = _pod_labels_with_template(spec, pod_labels(ref.name, ROLE_WORKER, generation, index))

@@ -280,3 +280,21 @@ def test_rendering_needs_a_resolved_image():
         render.render_worker_pod(REF, unset, index=1, generation=0, coordinator_ip="10.0.0.1")
     with pytest.raises(ValueError, match="operator's default trainer image"):
         render.render_coordinator_pod(REF, unset, index=0, generation=0)
+
+
+def test_memory_tier_on_the_shm_volume_by_default_sized_when_asked_and_off_when_disabled():
+    pod = worker()
+    assert env_of(pod)[render.ENV_MEMORY_CHECKPOINT_DIR] == "/dev/shm/ftjob-checkpoints"
+    assert {"name": "ftjob-dshm", "emptyDir": {"medium": "Memory"}} in pod["spec"]["volumes"]
+    assert {"name": "ftjob-dshm", "mountPath": "/dev/shm"} in pod["spec"]["containers"][0]["volumeMounts"]
+
+    sized = worker(checkpoint={"memoryTier": {"sizeLimit": "24Gi"}})
+    assert {"name": "ftjob-dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "24Gi"}} in sized["spec"][
+        "volumes"
+    ]
+    kubernetes_validate.validate(sized, "1.32", strict=True)
+
+    off = worker(checkpoint={"memoryTier": {"enabled": False}})
+    assert render.ENV_MEMORY_CHECKPOINT_DIR not in env_of(off)
+    with pytest.raises(ValueError):
+        spec(checkpoint={"memoryTier": {"sizeLimit": "lots"}})

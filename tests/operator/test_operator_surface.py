@@ -48,7 +48,9 @@ def test_spec_field_names():
         "keepLast",
         "asyncSave",
         "suspendTimeoutSeconds",
+        "memoryTier",
     ]
+    assert _fields(api.MemoryTierSpec) == ["enabled", "sizeLimit"]
     assert _fields(api.CheckpointVolume) == ["persistentVolumeClaim", "hostPath", "emptyDir"]
     assert _fields(api.PreemptionSpec) == ["gracePeriodSeconds", "maxPreemptions", "checkpointOnNotice"]
     assert _fields(api.FailurePolicySpec) == [
