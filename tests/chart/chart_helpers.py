@@ -1,7 +1,10 @@
-"""Shared helpers for the chart and image tests: the real helm binary and rendered manifests."""
+"""Shared helpers for the chart and image tests: the real helm binary, rendered manifests, fresh venvs."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,6 +16,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "ftjob"
 VENV_BIN = Path(sys.executable).parent
+TORCH_VERSION = "2.13.0"  # the CPU wheel ./dev installs; PIP_FIND_LINKS=/opt/wheels holds it on CI machines
 # What the chart renders for these scenarios; the namespaced one is what a locked-down cluster would use.
 HA_NAMESPACED = {
     "replicaCount": "2",
@@ -75,3 +79,38 @@ def one(docs: list[dict], kind: str, **kw: str) -> dict:
         f"expected one {kind} {kw}, got {len(found)}: {[d['metadata']['name'] for d in found]}"
     )
     return found[0]
+
+
+# --- fresh virtual environments (the images' installs and each extra alone) ----------------------------------------
+
+
+def torch_wheel_here() -> bool:
+    """pip can take torch from local disk (CI's network reaches package registries, not download.pytorch.org)."""
+    return any(Path("/opt/wheels").glob(f"torch-{TORCH_VERSION}*.whl")) or "PIP_FIND_LINKS" in os.environ
+
+
+def fresh_venv(path: Path) -> Path:
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(path)], check=True, timeout=120)
+    return path / "bin" / "python"
+
+
+def base_env(python_bin: Path) -> dict[str, str]:
+    """The environment of the image's shell: its python first on PATH, nothing from the project's venv."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON"))}
+    env["PATH"] = f"{python_bin.parent}:/usr/bin:/bin"
+    return env
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def installed(python: Path) -> dict[str, str]:
+    out = subprocess.run(
+        [str(python), "-m", "pip", "list", "--format=json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    return {canonical(p["name"]): p["version"] for p in json.loads(out)}

@@ -4,17 +4,24 @@ source, and their install steps replayed in a fresh virtual environment (no dock
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from chart_helpers import ROOT, tool
+from chart_helpers import (
+    ROOT,
+    TORCH_VERSION,
+    base_env,
+    canonical,
+    fresh_venv,
+    installed,
+    tool,
+    torch_wheel_here,
+)
 from packaging.requirements import Requirement
 
 try:
@@ -25,7 +32,6 @@ except ModuleNotFoundError:  # Python 3.10
 OPERATOR = ROOT / "Dockerfile"
 TRAINER = ROOT / "trainer_image" / "Dockerfile"
 LOCK = ROOT / "requirements" / "operator.txt"
-TORCH_VERSION = "2.13.0"  # the CPU wheel ./dev installs; PIP_FIND_LINKS=/opt/wheels holds it on CI machines
 
 
 @dataclass
@@ -168,10 +174,6 @@ def test_one_requirements_source_the_lock_pins_pyprojects_base_dependencies():
         assert len(installs) == 1 and "--constraint requirements/operator.txt" in installs[0], dockerfile
 
 
-def canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 # --- the install steps, replayed -----------------------------------------------------------------------------------
 
 SYSTEM_STEPS = ("apt-get", "groupadd", "useradd")  # need root and the image's distribution; not replayed
@@ -235,18 +237,6 @@ def expand(value: str, env: dict[str, str]) -> str:
     return re.sub(r"\$\{?(\w+)\}?", lambda m: env.get(m.group(1), ""), value)
 
 
-def fresh_venv(path: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(path)], check=True, timeout=120)
-    return path / "bin" / "python"
-
-
-def base_env(python_bin: Path) -> dict[str, str]:
-    """The environment of the image's shell: its python first on PATH, nothing from the project's venv."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON"))}
-    env["PATH"] = f"{python_bin.parent}:/usr/bin:/bin"
-    return env
-
-
 @pytest.mark.slow
 def test_operator_install_steps_succeed_in_a_fresh_venv_without_torch(tmp_path):
     _, (build, _) = parse(OPERATOR)
@@ -284,10 +274,7 @@ def test_operator_install_steps_succeed_in_a_fresh_venv_without_torch(tmp_path):
 
 @pytest.mark.slow
 def test_trainer_install_steps_keep_the_base_images_torch(tmp_path):
-    if (
-        not any(Path("/opt/wheels").glob(f"torch-{TORCH_VERSION}*.whl"))
-        and "PIP_FIND_LINKS" not in os.environ
-    ):
+    if not torch_wheel_here():
         pytest.skip(f"no local torch {TORCH_VERSION} wheel (PIP_FIND_LINKS=/opt/wheels on CI machines)")
     _, (stage,) = parse(TRAINER)
     python = fresh_venv(tmp_path / "image-python")
@@ -308,7 +295,7 @@ def test_trainer_install_steps_keep_the_base_images_torch(tmp_path):
         [
             str(python),
             "-c",
-            "import ftjob_trainer.contract as c, torch; print(c.EXIT_RESTART, torch.__version__)",
+            "import ftjob_trainer.contract as c, numpy, torch; print(c.EXIT_RESTART, torch.__version__)",
         ],
         capture_output=True,
         text=True,
@@ -318,14 +305,3 @@ def test_trainer_install_steps_keep_the_base_images_torch(tmp_path):
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.split() == ["75", before]
     assert (python.parent / "torchrun").exists()
-
-
-def installed(python: Path) -> dict[str, str]:
-    out = subprocess.run(
-        [str(python), "-m", "pip", "list", "--format=json"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    ).stdout
-    return {canonical(p["name"]): p["version"] for p in json.loads(out)}

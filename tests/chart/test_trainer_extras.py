@@ -1,0 +1,118 @@
+"""Each install of the trainer works alone: a fresh virtual environment gets the CPU torch wheel and one extra of
+ftjob (no dev, no local), then runs a short job under the real torchrun to exit 0 and resumes it.
+
+pip takes torch from local disk (PIP_FIND_LINKS=/opt/wheels on CI machines); everything else comes from the
+package registry, the only network CI's machines reach. The source is copied out of the repository first (as the
+image's COPY steps do), so the build leaves nothing in the checkout and the repository's modules shadow nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from chart_helpers import ROOT, TORCH_VERSION, base_env, fresh_venv, installed, torch_wheel_here
+
+SOURCES = (
+    "pyproject.toml",
+    "README.md",
+    "operator/ftjob_operator",
+    "trainer_image/ftjob_trainer",
+    "localcluster/ftjob_local",
+)
+# A constant learning rate (no warmup, no decay): the schedule does not depend on --steps, so 5 steps then a resume
+# to 8 train exactly what 8 straight steps do.
+TINY = [
+    "--model",
+    "tiny",
+    "--seq-len",
+    "32",
+    "--global-batch-size",
+    "4",
+    "--warmup-steps",
+    "0",
+    "--min-lr-ratio",
+    "1",
+]
+
+
+def copy_sources(dest: Path) -> Path:
+    for rel in SOURCES:
+        origin, target = ROOT / rel, dest / rel
+        if origin.is_dir():
+            shutil.copytree(origin, target, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(origin, target)
+    return dest
+
+
+def venv_with(tmp: Path, extra: str) -> tuple[Path, dict[str, str]]:
+    """A fresh venv holding the CPU torch wheel and `ftjob[extra]`, nothing else; (its python, its env)."""
+    if not torch_wheel_here():
+        pytest.skip(f"no local torch {TORCH_VERSION} wheel (PIP_FIND_LINKS=/opt/wheels on CI machines)")
+    python = fresh_venv(tmp / "venv")
+    env = base_env(python)
+    env.setdefault("PIP_FIND_LINKS", "/opt/wheels")
+    env["OMP_NUM_THREADS"] = "1"
+    src = copy_sources(tmp / "src")
+    for args in (["--upgrade", "pip"], [f"torch=={TORCH_VERSION}"], [f"{src}[{extra}]"]):
+        proc = subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert proc.returncode == 0, (
+            f"pip install {args} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
+    return python, env
+
+
+def run_trainer(python: Path, env: dict[str, str], cwd: Path, args: list[str], name: str) -> dict:
+    """torchrun from the venv, one process; returns the report after asserting exit 0."""
+    report = cwd / f"{name}.json"
+    proc = subprocess.run(
+        [
+            str(python.parent / "torchrun"),
+            "--standalone",
+            "--nproc-per-node=1",
+            "-m",
+            "ftjob_trainer.train",
+            *args,
+            "--report",
+            str(report),
+        ],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, (
+        f"{name}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    )
+    return json.loads(report.read_text())
+
+
+@pytest.mark.slow
+def test_trainer_extra_alone_trains_hashes_and_resumes(tmp_path):
+    python, env = venv_with(tmp_path, "trainer")
+    have = installed(python)
+    assert "torch" in have and "ftjob" in have
+    assert "matplotlib" not in have and "pytest" not in have, "only the trainer extra: no local, no dev"
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    ckpt = str(run_dir / "ckpt")
+    first = run_trainer(python, env, run_dir, [*TINY, "--steps", "5", "--checkpoint-dir", ckpt], "first")
+    assert (first["exit_code"], first["reason"], first["step"]) == (0, "done", 5)
+    assert len(first["state_sha256"]) == 64
+    second = run_trainer(python, env, run_dir, [*TINY, "--steps", "8", "--checkpoint-dir", ckpt], "second")
+    assert (second["exit_code"], second["step"], second["resumed_from_step"]) == (0, 8, 5)
+    assert len(second["state_sha256"]) == 64 and second["state_sha256"] != first["state_sha256"]
+    straight = run_trainer(python, env, run_dir, [*TINY, "--steps", "8"], "straight")
+    assert straight["state_sha256"] == second["state_sha256"], "the resume is exact"
