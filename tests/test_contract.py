@@ -113,4 +113,8 @@ def test_checkpoint_kinds_and_tiers():
         "stop",
         "final",
     )
-    assert contract.TIER_DURABLE == "durable"
+    assert (contract.TIER_DURABLE, contract.TIER_MEMORY, contract.TIER_MIXED) == (
+        "durable",
+        "memory",
+        "mixed",
+    )

@@ -143,6 +143,8 @@ EVENT_EXIT = (
 # What a save is for (the "kind" of checkpoint events)
 KIND_PERIODIC, KIND_REQUEST, KIND_STOP, KIND_FINAL = "periodic", "request", "stop", "final"
 TIER_DURABLE = "durable"  # the checkpoint volume
+TIER_MEMORY = "memory"  # the pod's node-local memory (--memory-checkpoint-dir on its /dev/shm volume)
+TIER_MIXED = "mixed"  # a load that read some files from each
 EVENTS = (
     EVENT_PROCESS_STARTED,
     EVENT_PROCESS_GROUP_READY,

@@ -10,7 +10,8 @@ import shutil
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from ftjob_trainer.shard_reader import TIER_DURABLE, TIER_MEMORY, ShardsUnavailable, TieredReader
+from ftjob_trainer.contract import TIER_DURABLE, TIER_MEMORY
+from ftjob_trainer.shard_io import RecordingWriter, ShardsUnavailable, TieredReader
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 
@@ -80,3 +81,10 @@ def test_a_file_in_neither_tier_fails_before_any_tensor_changes(saved):
         dcp.load(out, storage_reader=reader)
     assert ShardsUnavailable.__name__ in str(e.value)  # DCP wraps it in a CheckpointException on every rank
     assert equal(out, zeros())
+
+
+def test_the_writer_records_every_file_it_wrote(tmp_path, world_of_one):
+    writer = RecordingWriter(str(tmp_path), thread_count=3)
+    dcp.save(state(1), storage_writer=writer)
+    on_disk = {n: os.path.getsize(tmp_path / n) for n in os.listdir(tmp_path) if n != ".metadata"}
+    assert writer.files == on_disk and len(on_disk) == 3

@@ -1,4 +1,8 @@
-"""A DCP StorageReader that reads several shard files at once and takes each one from the fastest tier that has it.
+"""DCP storage for the tiers: a writer that records the files it wrote, and a StorageReader that reads several shard
+files at once, each from the fastest tier that has it.
+
+RecordingWriter is DCP's FileSystemWriter that also keeps {file name: bytes} of what this rank wrote: the list a
+rank's memory folder and durable markers name (memory_tier.py), without guessing DCP's file names.
 
 DCP's FileSystemReader reads the files a rank needs one after another in the calling thread: 0.72 GB/s for 11.4 GB
 on the H200 machine, where the disk and /dev/shm serve several streams far faster. TieredReader keeps DCP's own
@@ -21,11 +25,29 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, SavePlan, SavePlanner
 from torch.futures import Future
 
-TIER_MEMORY, TIER_DURABLE = "memory", "durable"
+from ftjob_trainer.contract import TIER_DURABLE, TIER_MEMORY, TIER_MIXED
+
+
+class RecordingWriter(FileSystemWriter):
+    def __init__(self, path: str, **kwargs):
+        super().__init__(path, **kwargs)
+        self.files: dict[
+            str, int
+        ] = {}  # what write_data wrote: name -> bytes (the .metadata is not among them)
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
+        fut = super().write_data(plan, planner)
+        fut.wait()  # FileSystemWriter writes before it returns; wait() raises its failure here
+        for result in fut.value():
+            info = result.storage_data
+            self.files[info.relative_path] = max(
+                self.files.get(info.relative_path, 0), info.offset + info.length
+            )
+        return fut
 
 
 class ShardsUnavailable(RuntimeError):
@@ -48,7 +70,7 @@ class ReadStats:
     def tier(self) -> str:
         """memory, durable, or mixed (some files from each)."""
         used = [t for t, n in self.files.items() if n]
-        return used[0] if len(used) == 1 else ("mixed" if used else TIER_DURABLE)
+        return used[0] if len(used) == 1 else (TIER_MIXED if used else TIER_DURABLE)
 
     def add(self, other: ReadStats) -> None:
         for t, n in other.files.items():
