@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ftjob_local.cluster import LocalCluster
-from ftjob_local.demo import Session
+from ftjob_local.session import Session
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ftjob_local.client import ApiError
-from ftjob_local.demo import GROUP_PATH
+from ftjob_local.session import GROUP_PATH
 from local_common import local_cluster, machine, now_utc, write_section
 
 GOAL_ALL_PODS_S = 60.0

@@ -3,310 +3,54 @@
 In order: start a local cluster (an on-demand node for the coordinator, two spot nodes for the workers, the
 operator), install the CRD with kubectl, apply examples/local-tiny.yaml, preempt the node of a worker mid-run
 with notice (a fresh spot node comes back after --replace-after), show live progress, wait for Succeeded, then
-print a timeline and write a PNG of step vs time. The cluster is torn down on every path, Ctrl-C included,
-unless --keep.
+print a timeline and the breakdown of the recovery, and write a PNG of step vs time. The cluster is torn down on
+every path, Ctrl-C included, unless --keep.
 
-The timeline is read from what the parts record anyway: the trainer's rank-0 log lines (`step N`, `checkpoint
-step N committed`, `resumed from ... (step N`, `exit 75 (...)`), the pods' creation times, and the job's status
-and events. The demo only adds two trainer flags to the job it applies: `log-every: 1` (one log line per step,
-so steps trained twice or skipped can be counted exactly) and `report` (the trainer's JSON report on the
-checkpoint volume). The same functions serve the end-to-end tests and bench/local_recovery.py.
+The timeline is read from what the parts record anyway: the trainer's structured events in the pod logs
+(ftjob_local.timeline), the pods' creation times, and the job's status and events. The demo only adds two trainer
+flags to the job it applies: `log-every: 1` (a step event per step, so steps trained twice or skipped can be
+counted exactly) and `report` (the trainer's JSON report on the checkpoint volume). demo_render.py shows it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
 from pathlib import Path
 
 import yaml
-from ftjob_trainer.contract import parse_time
 
-from .client import ApiError, Kube
 from .cluster import ClusterError, LocalCluster
+from .demo_render import plot, print_timeline, progress_table
+from .session import CRD_DIR, REPO, Session, SessionError, event_time
+from .timeline import Analysis, Resume, analyze, breakdown_rows, read_job_events
 
-REPO = Path(__file__).resolve().parents[2]
 DEFAULT_MANIFEST = REPO / "examples" / "local-tiny.yaml"
-CRD_DIR = REPO / "crds"
-GROUP_PATH = "/apis/ftjob.dev/v1alpha1"
-WORKER_CONTAINER = (
-    "trainer"  # render.WORKER_CONTAINER (the operator's; not imported: ftjob_local needs no operator)
-)
 REPORT_NAME = "demo-report.json"
+# The operator's and the nodes' event reasons the timeline shows.
+JOB_REASONS = (
+    "TerminationNotice",
+    "Preempted",
+    "Replaced",
+    "Recovered",
+    "WorkerFailed",
+    "RestartBackoff",
+    "Restarted",
+    "Succeeded",
+    "BackoffLimitExceeded",
+)
+NODE_REASONS = ("SpotInterruption", "NodeTerminated")
 
-# --- the trainer's log lines (ftjob_trainer.train / .checkpoint, logging format "%(asctime)s rank%d LEVEL name: msg")
-LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) rank(\d+) (\w+) ([\w.]+): (.*)$")
-STEP = re.compile(r"^step (\d+) loss")
-COMMITTED = re.compile(r"^checkpoint step (\d+) committed at (\S+) in ([\d.]+)s")
-RESUMED = re.compile(r"^resumed from (\S+) \(step (\d+)")
-REQUESTED = re.compile(r"^saving step (\d+) for coordinator request")
-EXIT = re.compile(r"^exit (\d+) \(([\w-]+)\): (.*)$")
-STOPPED_AT = re.compile(r"stopped at step (\d+)")
-AFTER_SIGNAL = re.compile(r"\(([\d.]+)s after the signal\)")
 
-
-class DemoError(Exception):
+class DemoError(SessionError):
     """The demo cannot go on; the message says why and what to look at."""
-
-
-# ================================================================================================ log analysis
-@dataclass(frozen=True)
-class LogRecord:
-    t: float  # seconds since the epoch
-    pod: str
-    rank: int
-    kind: str  # config | sharded | step | requested | committed | resumed | exit
-    step: int | None = None
-    text: str = ""
-    exit_code: int | None = None
-    reason: str | None = None
-
-
-def parse_trainer_log(text: str, pod: str) -> list[LogRecord]:
-    """The records that matter for the timeline, from one worker container's log (all its torchrun restarts)."""
-    out: list[LogRecord] = []
-    for line in text.splitlines():
-        m = LOG_LINE.match(line)
-        if not m:
-            continue  # torchrun's own lines, tracebacks
-        stamp, rank, _level, logger, msg = m.groups()
-        # The trainer logs with the pod's local time, as this process reads it (same machine).
-        t = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
-        r = int(rank)
-        if logger == "ftjob.train" and msg.startswith("config: "):
-            out.append(LogRecord(t, pod, r, "config"))
-        elif logger.endswith("parallelize") and msg.startswith("FSDP2:"):
-            out.append(LogRecord(t, pod, r, "sharded"))  # the model is built and sharded; loading comes next
-        elif logger == "ftjob.train" and (s := STEP.match(msg)):
-            out.append(LogRecord(t, pod, r, "step", int(s.group(1))))
-        elif (c := COMMITTED.match(msg)) and logger.endswith("checkpoint"):
-            out.append(LogRecord(t, pod, r, "committed", int(c.group(1)), msg))
-        elif (c := RESUMED.match(msg)) and logger.endswith("checkpoint"):
-            out.append(LogRecord(t, pod, r, "resumed", int(c.group(2)), msg))
-        elif logger == "ftjob.train" and (q := REQUESTED.match(msg)):
-            out.append(LogRecord(t, pod, r, "requested", int(q.group(1)), msg))
-        elif logger == "ftjob.train" and (e := EXIT.match(msg)):
-            stopped = STOPPED_AT.search(e.group(3))
-            out.append(
-                LogRecord(
-                    t,
-                    pod,
-                    r,
-                    "exit",
-                    int(stopped.group(1)) if stopped else None,
-                    e.group(3),
-                    int(e.group(1)),
-                    e.group(2),
-                )
-            )
-    return out
-
-
-def read_job_logs(state_dir: Path, namespace: str, job: str) -> list[LogRecord]:
-    """Every worker pod's trainer log the local kubelet wrote (they stay after the pods are deleted)."""
-    records: list[LogRecord] = []
-    root = Path(state_dir) / "logs" / namespace
-    for pod_dir in sorted(root.glob(f"{job}-worker-*")):
-        for name in (f"{WORKER_CONTAINER}.previous.log", f"{WORKER_CONTAINER}.log"):
-            f = pod_dir / name
-            if f.exists():
-                records += parse_trainer_log(f.read_text(errors="replace"), pod_dir.name)
-    return sorted(records, key=lambda r: r.t)
-
-
-@dataclass
-class Resume:
-    """One restart of training: who stopped, at which step, what was saved, when training went on."""
-
-    from_step: int  # the checkpoint step it loaded
-    t_config: float  # rank 0 of the new round started (after the rendezvous)
-    t_sharded: float | None  # its model was built and sharded (the checkpoint load starts)
-    t_resumed: float  # the checkpoint was loaded
-    t_first_step: float | None  # the first step after the load
-    world_size_pods: int  # pods with a rank in the new round
-    stop_steps: list[int] = field(
-        default_factory=list
-    )  # steps the ranks stopped at (exit 75), before this resume
-    stop_reasons: list[str] = field(default_factory=list)
-    t_stop: float | None = None  # the last rank's exit line before this resume
-    t_signal: float | None = None  # SIGTERM as the preempted rank measured it (save deadline clock)
-    save_seconds: float | None = None  # signal -> committed, as the trainer measured it
-    t_commit: float | None = None  # rank 0's commit of the stop checkpoint
-
-
-@dataclass
-class Analysis:
-    steps: list[tuple[float, int]]  # (time, step) of every rank-0 step line, in time order
-    final_step: int
-    trained_twice: int  # steps a rank 0 logged more than once
-    skipped: int  # steps 1..final never logged
-    resumes: list[Resume]
-    done_at: float | None
-    first_step_at: float | None
-    commits: list[tuple[float, int]]  # rank 0's committed checkpoints
-    requested_saves: list[
-        tuple[float, int]
-    ]  # saves rank 0 started for a coordinator request (notice, annotation)
-
-    @property
-    def lost_steps(self) -> int:
-        return self.trained_twice + self.skipped
-
-
-def analyze(records: list[LogRecord]) -> Analysis:
-    """Steps, resumes and lost steps from the parsed logs (needs the trainer's --log-every 1 to be exact)."""
-    rank0 = [r for r in records if r.rank == 0]
-    steps = [(r.t, r.step) for r in rank0 if r.kind == "step"]
-    counts = Counter(s for _, s in steps)
-    final = max(counts, default=0)
-    resumes: list[Resume] = []
-    configs = [r for r in rank0 if r.kind == "config"]
-    for res in (r for r in rank0 if r.kind == "resumed"):
-        config = max((c for c in configs if c.t <= res.t), key=lambda c: c.t, default=None)
-        t_config = config.t if config else res.t
-        first = next((t for t, _ in steps if t > res.t), None)
-        previous = resumes[-1].t_resumed if resumes else float("-inf")
-        # Stops between the previous resume and this round's start belong to this restart.
-        stops = [r for r in records if r.kind == "exit" and r.exit_code != 0 and previous < r.t <= t_config]
-        # Pods whose rank>=0 lines show up between this round's start and its first step.
-        until = first if first is not None else res.t
-        pods = {r.pod for r in records if r.kind == "config" and t_config - 5 <= r.t <= until}
-        sharded = max((r.t for r in rank0 if r.kind == "sharded" and t_config <= r.t <= res.t), default=None)
-        resume = Resume(
-            res.step,
-            t_config,
-            sharded,
-            res.t,
-            first,
-            len(pods),
-            sorted({s.step for s in stops if s.step is not None}),
-            sorted({s.reason or "" for s in stops}),
-        )
-        if stops:
-            resume.t_stop = max(s.t for s in stops)
-        for s in stops:
-            after = AFTER_SIGNAL.search(s.text)
-            if after and s.reason == "preempted":
-                resume.t_signal = s.t - float(after.group(1))  # the exit line follows the commit closely
-                resume.save_seconds = float(after.group(1))
-        commit = [
-            r
-            for r in rank0
-            if r.kind == "committed" and previous < r.t <= t_config and r.step in resume.stop_steps
-        ]
-        if commit:
-            resume.t_commit = commit[-1].t
-        resumes.append(resume)
-    done = next((r.t for r in rank0 if r.kind == "exit" and r.exit_code == 0), None)
-    return Analysis(
-        steps=steps,
-        final_step=final,
-        trained_twice=sum(c - 1 for c in counts.values()),
-        skipped=len(set(range(1, final + 1)) - set(counts)),
-        resumes=resumes,
-        done_at=done,
-        first_step_at=steps[0][0] if steps else None,
-        commits=[(r.t, r.step) for r in rank0 if r.kind == "committed"],
-        requested_saves=[(r.t, r.step) for r in rank0 if r.kind == "requested"],
-    )
-
-
-# ================================================================================================ the cluster side
-def find_kubectl() -> str:
-    here = Path(sys.executable).parent / "kubectl"
-    found = str(here) if here.exists() else shutil.which("kubectl")
-    if not found:
-        raise DemoError(
-            "kubectl not found next to this Python or on PATH; run ./dev setup (it installs kubectl "
-            "into .venv/bin)"
-        )
-    return found
-
-
-class Session:
-    """A kubeconfig, kubectl and the API of one local cluster, with the calls the demo, tests and benches share."""
-
-    def __init__(self, cluster: LocalCluster, namespace: str = "default"):
-        self.cluster = cluster
-        self.ns = namespace
-        self.kube = Kube(str(cluster.kubeconfig))
-        self.kubectl_bin = find_kubectl()
-
-    def kubectl(
-        self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 60
-    ) -> subprocess.CompletedProcess:
-        env = {
-            "KUBECONFIG": str(self.cluster.kubeconfig),
-            "PATH": str(Path(self.kubectl_bin).parent),
-            "HOME": str(self.cluster.dir),
-        }
-        p = subprocess.run(
-            [self.kubectl_bin, *args], input=stdin, capture_output=True, text=True, env=env, timeout=timeout
-        )
-        if check and p.returncode != 0:
-            raise DemoError(
-                f"kubectl {' '.join(args)} failed ({p.returncode}): {p.stderr.strip() or p.stdout}"
-            )
-        return p
-
-    def install_crd(self, timeout: float = 30) -> None:
-        self.kubectl("apply", "-f", str(CRD_DIR))
-        deadline = time.monotonic() + timeout
-        while True:  # served once the API server has picked the CRD up
-            try:
-                self.kube.request("GET", f"{GROUP_PATH}/trainingjobs")
-                return
-            except ApiError as e:
-                if time.monotonic() > deadline:
-                    raise DemoError(
-                        f"the TrainingJob resource was not served {timeout:g}s after applying {CRD_DIR}: {e}"
-                    ) from None
-            time.sleep(0.2)
-
-    def job_path(self, name: str) -> str:
-        return f"{GROUP_PATH}/namespaces/{self.ns}/trainingjobs/{name}"
-
-    def job(self, name: str) -> dict | None:
-        return self.kube.get(self.job_path(name))
-
-    def pods(self, job: str) -> list[dict]:
-        q = {"labelSelector": f"ftjob.dev/job-name={job}"}
-        return self.kube.request("GET", f"/api/v1/namespaces/{self.ns}/pods", query=q).get("items") or []
-
-    def events(self) -> list[dict]:
-        return self.kube.request("GET", f"/api/v1/namespaces/{self.ns}/events").get("items") or []
-
-    def node_of_worker(self, job: str) -> str | None:
-        """The node of the oldest running worker (a spot node in the examples)."""
-        running = [
-            p
-            for p in self.pods(job)
-            if (p["metadata"].get("labels") or {}).get("ftjob.dev/role") == "worker"
-            and (p.get("status") or {}).get("phase") == "Running"
-            and not p["metadata"].get("deletionTimestamp")
-        ]
-        running.sort(key=lambda p: p["metadata"].get("creationTimestamp") or "")
-        return running[0]["spec"].get("nodeName") if running else None
-
-
-def event_time(ev: dict) -> float | None:
-    for key in ("eventTime", "lastTimestamp", "firstTimestamp"):
-        t = parse_time(ev.get(key))
-        if t is not None:
-            return t.timestamp()
-    t = parse_time((ev.get("metadata") or {}).get("creationTimestamp"))
-    return t.timestamp() if t is not None else None
 
 
 def demo_manifests(path: Path, report_path: str | None = None) -> tuple[list[dict], dict]:
@@ -441,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]")
         code = 130
-    except (DemoError, ClusterError) as e:
+    except (SessionError, ClusterError) as e:
         console.print(f"[red]ftjob demo: {e}[/]")
         code = 1
     finally:
@@ -506,8 +250,8 @@ def run_demo(args, cluster: LocalCluster, console) -> int:
         replace_after=args.replace_after,
         timeout=args.timeout,
     )
-    records = read_job_logs(cluster.dir, session.ns, name)
-    result = summarize(session, obs, status, analyze(records), report_file(cluster, session.ns, job))
+    events = read_job_events(cluster.dir, session.ns, name)
+    result = summarize(session, obs, status, analyze(events), report_file(cluster, session.ns, job))
     args.out.mkdir(parents=True, exist_ok=True)
     print_timeline(console, result)
     png = args.out / "demo.png"
@@ -566,7 +310,14 @@ def watch(
                     status.get("failures", 0),
                 )
                 obs.samples.append(sample)
-                live.update(progress_table(obs, sample, steps, status))
+                preempted = (
+                    f"{obs.preempted_node} at +{obs.notice_at - obs.applied_at:.1f}s"
+                    if obs.notice_at
+                    else None
+                )
+                live.update(
+                    progress_table(obs.job_name, sample, steps, status, now - obs.applied_at, preempted)
+                )
                 if status.get("phase") in ("Succeeded", "Failed"):
                     return status
                 if (
@@ -587,29 +338,6 @@ def watch(
         console.line()  # the live table's last frame ends without a newline when the output is not a terminal
 
 
-def progress_table(obs: Observations, s: Sample, steps: int, status: dict):
-    from rich.progress_bar import ProgressBar
-    from rich.table import Table
-
-    t = Table(title=f"TrainingJob {obs.job_name}", show_header=False, expand=False)
-    t.add_column(style="bold")
-    t.add_column()
-    step = s.step or 0
-    bar = Table.grid(padding=(0, 1))
-    bar.add_row(ProgressBar(total=steps, completed=step, width=40), f"{step}/{steps}")
-    t.add_row("step", bar)
-    t.add_row("phase", str(s.phase or "-"))
-    t.add_row("workers", f"{s.ready}/{s.desired} ready")
-    t.add_row("preemptions", str(s.preemptions))
-    t.add_row("failures", str(s.failures))
-    ck = status.get("lastCheckpoint") or {}
-    t.add_row("last checkpoint", f"step {ck['step']}" if ck.get("step") is not None else "-")
-    t.add_row("elapsed", f"{time.time() - obs.applied_at:.0f}s")
-    if obs.notice_at:
-        t.add_row("preempted", f"{obs.preempted_node} at +{obs.notice_at - obs.applied_at:.1f}s")
-    return t
-
-
 def summarize(session: Session, obs: Observations, status: dict, a: Analysis, report: Path | None) -> dict:
     """The timeline as (seconds after apply, what) rows plus the figures, JSON-ready."""
     t0 = obs.applied_at
@@ -625,19 +353,9 @@ def summarize(session: Session, obs: Observations, status: dict, a: Analysis, re
     for ev in session.events():
         inv = ev.get("involvedObject") or {}
         reason = ev.get("reason") or ""
-        if inv.get("name") == obs.job_name and reason in (
-            "TerminationNotice",
-            "Preempted",
-            "Replaced",
-            "Recovered",
-            "WorkerFailed",
-            "RestartBackoff",
-            "Restarted",
-            "Succeeded",
-            "BackoffLimitExceeded",
-        ):
+        if inv.get("name") == obs.job_name and reason in JOB_REASONS:
             add(event_time(ev), f"operator: {reason}: {ev.get('message', '')}"[:140])
-        elif inv.get("kind") == "Node" and reason in ("SpotInterruption", "NodeTerminated"):
+        elif inv.get("kind") == "Node" and reason in NODE_REASONS:
             add(event_time(ev), f"node {inv.get('name')}: {reason}")
     replacements = sorted(
         (t, n) for n, t in obs.pod_seen.items() if "-worker-" in n and obs.notice_at and t > obs.notice_at
@@ -647,20 +365,13 @@ def summarize(session: Session, obs: Observations, status: dict, a: Analysis, re
     for t, step in a.requested_saves:
         add(t, f"trainer saves step {step} on the operator's checkpoint request")
     for r in a.resumes:
-        if r.t_signal is not None:
-            add(r.t_signal, "SIGTERM reached the trainer")
-        if r.t_commit is not None:
-            add(r.t_commit, f"stop checkpoint committed (step {r.stop_steps[-1] if r.stop_steps else '?'})")
-        add(r.t_resumed, f"resumed from step {r.from_step}")
+        add(r.t_signal, "SIGTERM reached the trainer")
+        add(r.t_commit, f"stop checkpoint committed (step {r.stop_steps[-1] if r.stop_steps else '?'})")
+        add(r.t_loaded, f"resumed from step {r.from_step}")
         add(r.t_first_step, f"first step after resume (step {r.from_step + 1})")
     add(a.done_at, f"done (step {a.final_step})")
     rows.sort()
     report_doc = read_json(report)
-    resumes = [asdict(r) for r in a.resumes]
-    for r in resumes:
-        for k in ("t_config", "t_sharded", "t_resumed", "t_first_step", "t_stop", "t_signal", "t_commit"):
-            if r.get(k) is not None:
-                r[k] = round(r[k] - t0, 3)
     return {
         "job": obs.job_name,
         "phase": status.get("phase"),
@@ -673,74 +384,28 @@ def summarize(session: Session, obs: Observations, status: dict, a: Analysis, re
         "state_sha256": (report_doc or {}).get("state_sha256"),
         "notice_at": round(obs.notice_at - t0, 3) if obs.notice_at else None,
         "preempted_node": obs.preempted_node,
-        "resumes": resumes,
+        "resumes": [resume_json(r, t0) for r in a.resumes],
         "timeline": rows,
         "steps": [(round(t - t0, 3), s) for t, s in a.steps],
         "commits": [(round(t - t0, 3), s) for t, s in a.commits],
     }
 
 
-def print_timeline(console, result: dict) -> None:
-    from rich.table import Table
-
-    t = Table(title="timeline (seconds after kubectl apply)")
-    t.add_column("t", justify="right")
-    t.add_column("what")
-    for when, what in result["timeline"]:
-        t.add_row(f"{when:.1f}", what)
-    console.print(t)
-    console.print(
-        f"job {result['phase']}: {result['final_step']} steps, {result['preemptions']} preemption(s), "
-        f"{result['failures']} failure(s), lost steps {result['lost_steps']} "
-        f"(trained twice {result['trained_twice']}, skipped {result['skipped']})"
-    )
-    for r in result["resumes"]:
-        if r["t_first_step"] is not None and result["notice_at"] is not None and r["t_signal"] is not None:
-            console.print(
-                f"SIGTERM -> first step after resume: {r['t_first_step'] - r['t_signal']:.1f}s "
-                f"(save {r['save_seconds']:.2f}s)"
-            )
-
-
-def plot(result: dict, path: Path) -> None:
-    """Step vs time, with the preemption notice and every resume marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display needed
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    xs = [t for t, _ in result["steps"]]
-    ys = [s for _, s in result["steps"]]
-    ax.plot(xs, ys, ".", markersize=3, label="rank 0 step")
-    if result["commits"]:
-        ax.plot(
-            [t for t, _ in result["commits"]],
-            [s for _, s in result["commits"]],
-            "s",
-            markersize=4,
-            color="tab:gray",
-            label="checkpoint committed",
-        )
-    if result["notice_at"] is not None:
-        ax.axvline(result["notice_at"], color="tab:red", linestyle="--", label="preemption notice")
-    for i, r in enumerate(result["resumes"]):
-        if r["t_signal"] is not None:
-            ax.axvline(r["t_signal"], color="tab:orange", linestyle=":", label="SIGTERM" if i == 0 else None)
-        ax.axvline(
-            r["t_resumed"], color="tab:green", linestyle="-", alpha=0.7, label="resumed" if i == 0 else None
-        )
-    ax.set_xlabel("seconds after kubectl apply")
-    ax.set_ylabel("training step")
-    ax.set_title(
-        f"TrainingJob {result['job']}: {result['preemptions']} preemption(s), "
-        f"lost steps {result['lost_steps']}"
-    )
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+def resume_json(r: Resume, t0: float) -> dict:
+    """A resume with its times in seconds after t0 and each pod's breakdown (moment, after the signal, + since the
+    moment before)."""
+    doc = asdict(r)
+    for k in ("t_started", "t_loaded", "t_first_step", "t_stop", "t_signal", "t_commit"):
+        if doc[k] is not None:
+            doc[k] = round(doc[k] - t0, 3)
+    for pod, rec in zip(doc["pods"], r.pods, strict=True):
+        pod["moments"] = {m: None if t is None else round(t - t0, 3) for m, t in rec.moments.items()}
+        pod["breakdown"] = [
+            (m, None if since is None else round(since, 3), None if step is None else round(step, 3))
+            for m, since, step in breakdown_rows(rec)
+        ]
+        pod["total_s"] = None if rec.total() is None else round(rec.total(), 3)
+    return doc
 
 
 if __name__ == "__main__":

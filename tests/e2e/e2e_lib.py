@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 from ftjob_local.cluster import LocalCluster
-from ftjob_local.demo import Session
+from ftjob_local.session import Session
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "local-tiny.yaml"
@@ -128,8 +128,8 @@ def tiny_job(
     """A claim and a TrainingJob shaped like examples/local-tiny.yaml, smaller and faster for tests.
 
     min == max by default: the world size never changes, so the final state hash must equal an uninterrupted
-    run's exactly. The trainer logs every step (lost steps are counted from the logs) and keeps its report on
-    the checkpoint volume.
+    run's exactly. The trainer reports every step as an event (lost steps are counted from the events: see
+    ftjob_local.timeline) and keeps its report on the checkpoint volume.
     """
     docs = copy.deepcopy(example_docs())
     pvc = next(d for d in docs if d["kind"] == "PersistentVolumeClaim")

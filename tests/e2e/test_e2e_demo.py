@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from e2e_lib import needs_operator
 from ftjob_local.cluster import LocalCluster
+from ftjob_local.timeline import MOMENTS
 
 pytestmark = [pytest.mark.slow, needs_operator]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -39,7 +40,14 @@ def test_ftjob_demo_recovers_from_a_preemption_and_plots_it(tmp_path):
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     finally:
         LocalCluster(state).down(say=lambda *_: None)  # no-op when the demo tore down, as it must
-    for text in ("preempting local-spot-", "timeline", "lost steps 0", "local cluster stopped"):
+    for text in (
+        "preempting local-spot-",
+        "timeline",
+        "lost steps 0",
+        "recovery to step",  # the breakdown table
+        "SIGTERM -> first step after resume: ",
+        "local cluster stopped",
+    ):
         assert text in proc.stdout, proc.stdout[-4000:]
     png = (out / "demo.png").read_bytes()
     assert png.startswith(PNG_MAGIC) and len(png) > 10_000
@@ -49,6 +57,19 @@ def test_ftjob_demo_recovers_from_a_preemption_and_plots_it(tmp_path):
     assert result["final_step"] == 100 and result["lost_steps"] == 0
     assert result["resumes"] and result["notice_at"] is not None
     assert any("replacement worker" in what for _, what in result["timeline"]), result["timeline"]
+    # The breakdown of the recovery, from the trainer's events: the survivor restarted in its pod, the replacement
+    # pod joined; every moment is known, and each process's own moments come in order.
+    resume = result["resumes"][0]
+    assert sorted(p["role"] for p in resume["pods"]) == ["replacement", "survivor"], resume["pods"]
+    for pod in resume["pods"]:
+        m = pod["moments"]
+        assert [name for name, _, _ in pod["breakdown"]] == list(MOMENTS) and None not in m.values(), pod
+        own = [
+            m[k]
+            for k in ("process_started", "imported", "process_group_ready", "checkpoint_loaded", "first_step")
+        ]
+        assert m["signal"] <= m["stop_committed"] and own == sorted(own), pod
+        assert pod["load_bytes"] > 0 and pod["load_gbps"] > 0, pod
     # Torn down: nothing of the cluster runs any more.
     status = LocalCluster(state).status()
     assert not any(c["running"] for c in status["components"].values()), status

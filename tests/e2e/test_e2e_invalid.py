@@ -9,7 +9,7 @@ import pytest
 import yaml
 from e2e_lib import example_docs
 from ftjob_local.cluster import LocalCluster
-from ftjob_local.demo import Session
+from ftjob_local.session import Session
 
 pytestmark = pytest.mark.slow
 

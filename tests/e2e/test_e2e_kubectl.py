@@ -7,6 +7,8 @@ import re
 
 import pytest
 from e2e_lib import CRD_DIR, EXAMPLE, job_status, live_workers, needs_operator, running_workers, wait_until
+from ftjob_local.timeline import of
+from ftjob_trainer import contract
 
 pytestmark = [pytest.mark.slow, needs_operator]
 NAME = "local-tiny"
@@ -48,10 +50,15 @@ def test_kubectl_story(session):
     for text in ("Name:", NAME, "Workers:", "Status:", "Events:", "Created"):
         assert text in described, described
 
-    # logs of a worker: the trainer's own lines.
+    # logs of a worker: the trainer's own lines, its events among them.
     worker = running_workers(session, NAME)[0]["metadata"]["name"]
+
+    def events() -> list[dict]:
+        return contract.parse_events(k("logs", worker).stdout.splitlines())
+
     logs = k("logs", worker).stdout
-    assert "ftjob.train" in logs and re.search(r"step \d+ loss", logs), logs[-2000:]
+    assert "ftjob.train" in logs and of(events(), contract.EVENT_PROCESS_STARTED), logs[-2000:]
+    wait_until(session, lambda: of(events(), contract.EVENT_FIRST_STEP), 60, "a trained step", job=NAME)
 
     # annotate: a checkpoint now, answered by a committed checkpoint.
     k("annotate", "tj", NAME, "ftjob.dev/checkpoint-request=e2e-1")
@@ -63,13 +70,9 @@ def test_kubectl_story(session):
         job=NAME,
     )
     saved = wait_until(
-        session,
-        lambda: re.search(r"saving step (\d+) for coordinator request", k("logs", worker).stdout),
-        60,
-        "the requested save",
-        job=NAME,
+        session, lambda: of(events(), contract.EVENT_CHECKPOINT_REQUESTED), 60, "the requested save", job=NAME
     )
-    step = int(saved.group(1))
+    step = int(saved[-1]["step"])
     wait_until(
         session,
         lambda: (job_status(session, NAME).get("lastCheckpoint") or {}).get("step", -1) >= step,

@@ -20,7 +20,7 @@ from e2e_lib import (
     wait_until,
 )
 from ftjob_local.cli import main as local_main
-from ftjob_local.demo import analyze, read_job_logs
+from ftjob_local.timeline import analyze, read_job_events
 
 pytestmark = [pytest.mark.slow, needs_operator]
 
@@ -121,5 +121,5 @@ def test_control_plane_restart_then_operator_restart_in_the_middle_of_a_preempti
     replacements = seen - originals
     assert len(replacements) == 1, f"expected one replacement worker, saw {sorted(replacements)}"
     assert most_live <= 2, f"{most_live} live workers at once (desired 2)"
-    a = analyze(read_job_logs(session.cluster.dir, session.ns, name))
+    a = analyze(read_job_events(session.cluster.dir, session.ns, name))
     assert (a.final_step, a.lost_steps, len(a.resumes)) == (60, 0, 1), a.resumes

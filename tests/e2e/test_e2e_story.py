@@ -26,8 +26,10 @@ from e2e_lib import (
     wait_until,
 )
 from ftjob_local.cli import main as local_main
-from ftjob_local.demo import analyze, read_job_logs, read_json
+from ftjob_local.demo import read_json
 from ftjob_local.procs import kill_tree
+from ftjob_local.timeline import analyze, of, read_job_events
+from ftjob_trainer import contract
 
 pytestmark = [pytest.mark.slow, needs_operator]
 BIN = Path(sys.executable).parent
@@ -97,7 +99,7 @@ def test_preemption_with_notice_then_hard_preemption(session, baseline):
     # Recovered and past the first periodic checkpoint (every 10 steps) after the resume: then a hard kill, no
     # notice. (The stop step depends on when the notice lands, so it is read from the logs, not assumed.)
     def past_a_periodic_checkpoint_after_the_resume() -> bool:
-        a = analyze(read_job_logs(session.cluster.dir, session.ns, name))
+        a = analyze(read_job_events(session.cluster.dir, session.ns, name))
         if not a.resumes or not a.steps or job_status(session, name).get("preemptions") != 1:
             return False
         next_periodic = (a.resumes[0].from_step // 10 + 1) * 10
@@ -116,24 +118,25 @@ def test_preemption_with_notice_then_hard_preemption(session, baseline):
     st = wait_finished(session, name, 240)
     assert st["phase"] == "Succeeded", st
     assert (st["preemptions"], st["failures"]) == (2, 0), st
-    records = read_job_logs(session.cluster.dir, session.ns, name)
-    a = analyze(records)
+    events = read_job_events(session.cluster.dir, session.ns, name)
+    a = analyze(events)
     assert len(a.resumes) == 2, a.resumes
 
     # With notice: all ranks stopped at the same step and saved it; training resumed from exactly that step.
-    stops = [r for r in records if r.kind == "exit" and r.exit_code == 75 and notice_at < r.t < killed_at]
-    assert {r.rank for r in stops} == {0, 1}, stops
-    assert len({r.step for r in stops}) == 1, stops
-    assert a.resumes[0].from_step == stops[0].step >= 12, a.resumes
+    exits = of(events, contract.EVENT_EXIT, code=contract.EXIT_RESTART)
+    stops = [e for e in exits if notice_at < e["time"] < killed_at]
+    assert {e["rank"] for e in stops} == {0, 1}, stops
+    assert len({e["step"] for e in stops}) == 1, stops
+    assert a.resumes[0].from_step == stops[0]["step"] >= 12, a.resumes
     # A replacement worker joined and trained.
-    trained_in = {r.pod for r in records if r.kind == "config" and r.t > notice_at}
+    trained_in = {e["pod"] for e in of(events, contract.EVENT_PROCESS_STARTED) if e["time"] > notice_at}
     assert trained_in - originals, f"no replacement trained: {trained_in} vs original {originals}"
 
     # Hard: no save; resumed from the last periodic checkpoint and trained the steps after it again.
     # The kill lands a moment after `killed_at`: count what rank 0 did until the next round started instead.
-    round_two = a.resumes[1].t_config
-    periodic = [r.step for r in records if r.rank == 0 and r.kind == "committed" and r.t < round_two]
-    reached = max(r.step for r in records if r.rank == 0 and r.kind == "step" and r.t < round_two)
+    round_two = a.resumes[1].t_started
+    periodic = [e["step"] for e in of(events, contract.EVENT_CHECKPOINT_COMMITTED) if e["time"] < round_two]
+    reached = max(e["step"] for e in of(events, contract.EVENT_STEP) if e["time"] < round_two)
     assert periodic[-1] % 10 == 0 and periodic[-1] < reached, (periodic, reached)
     assert a.resumes[1].from_step == periodic[-1], a.resumes
     # Steps trained twice come from the hard kill only: the preemption with notice lost none.
@@ -202,11 +205,8 @@ def test_crashing_trainer_spends_failure_budget_with_backoff(session, tmp_path):
             if p["metadata"]["labels"].get("ftjob.dev/role") == "worker":
                 seen.setdefault(int(p["metadata"]["labels"]["ftjob.dev/restart-generation"]), now)
         # Fail fast, saying why, when the crashes never leave the pod.
-        logs = session.cluster.dir / "logs" / session.ns
-        crashes = sum(
-            f.read_text(errors="replace").count("training failed")
-            for f in logs.glob(f"{name}-worker-*/trainer*.log")
-        )
+        events = read_job_events(session.cluster.dir, session.ns, name)
+        crashes = len(of(events, contract.EVENT_EXIT, code=contract.EXIT_ERROR))
         if crashes > 10 and not st.get("failures"):
             pytest.fail(
                 f"the trainer crashed {crashes} times inside its pod (torchrun restarted it each time) and "

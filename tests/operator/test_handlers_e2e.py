@@ -30,8 +30,8 @@ pytestmark = [
 
 from ftjob_local.client import ApiError, Kube  # noqa: E402
 from ftjob_local.cluster import LocalCluster, free_port  # noqa: E402
-from ftjob_local.demo import find_kubectl  # noqa: E402
 from ftjob_local.preempt import request_preemption  # noqa: E402
+from ftjob_local.session import find_kubectl  # noqa: E402
 from ftjob_operator import render  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ pytestmark = [
 ]
 
 from ftjob_local.cluster import LocalCluster  # noqa: E402
-from ftjob_local.demo import find_kubectl  # noqa: E402
+from ftjob_local.session import find_kubectl  # noqa: E402
 from test_handlers_e2e import FAKE_TRAINER, REPO, Env, Operator, wait_until  # noqa: E402
 
 PEERING = "ftjob-test"
