@@ -1,0 +1,147 @@
+"""The machine's limits for a checkpoint load, measured in the same run as bench/recovery_gpu.py's recoveries:
+the checkpoint medium's write (fsync) and cold-read bandwidth, one stream and in parallel, with the page cache
+dropped before each read, and /dev/shm's (memory) write and read bandwidth. Stdlib only.
+
+The page cache is dropped with `echo 3 > /proc/sys/vm/drop_caches` when that works (root, a writable /proc);
+otherwise each probe file is evicted with posix_fadvise(DONTNEED) (allowed: the files are fsynced). The method
+used is part of the result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+BLOCK = 16 << 20  # bytes per write/read call
+
+
+def drop_page_cache(files: list[Path]) -> str:
+    """Evict the files' pages; returns the method that worked: "drop_caches" or "fadvise"."""
+    os.sync()
+    with contextlib.suppress(OSError):
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return "drop_caches"
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return "fadvise"
+
+
+def checkpoint_files(root: Path) -> list[Path]:
+    return [p for p in Path(root).rglob("*") if p.is_file()]
+
+
+def _write(path: Path, size: int, block: bytes) -> int:
+    written = 0
+    with open(path, "wb") as f:
+        while written < size:
+            written += f.write(block[: min(len(block), size - written)])
+        f.flush()
+        os.fsync(f.fileno())
+    return written
+
+
+def _read(path: Path) -> int:
+    buf = bytearray(BLOCK)
+    view, total = memoryview(buf), 0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        while n := os.readv(fd, [view]):
+            total += n
+    finally:
+        os.close(fd)
+    return total
+
+
+def _parallel(fn, jobs: list[tuple], threads: int) -> tuple[int, float]:
+    """(bytes, seconds) of fn over jobs in `threads` threads."""
+    t = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        total = sum(pool.map(lambda job: fn(*job), jobs))
+    return total, time.perf_counter() - t
+
+
+def _gbps(nbytes: int, seconds: float) -> float:
+    return round(nbytes / seconds / 1e9, 4) if seconds > 0 else 0.0
+
+
+def mount_of(path: Path) -> dict:
+    """The mount point and file system type that hold path (from /proc/mounts; empty where unknown)."""
+    best = {"mount": "", "fstype": ""}
+    with contextlib.suppress(OSError):
+        real = str(Path(path).resolve())
+        for line in Path("/proc/mounts").read_text().splitlines():
+            _, mnt, fstype, *_ = line.split()
+            if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best["mount"]):
+                best = {"mount": mnt, "fstype": fstype}
+    return best
+
+
+def medium(root: Path, size_mb: int, threads: int) -> dict:
+    """Write `threads` files of size_mb/threads MiB with fsync in parallel, then read them cold: in parallel, and
+    one of them in one stream. The files are removed afterwards."""
+    root.mkdir(parents=True, exist_ok=True)
+    per = max(1, size_mb // threads) << 20
+    files = [root / f"probe-{i}.bin" for i in range(threads)]
+    block = os.urandom(BLOCK)
+    try:
+        wrote, write_s = _parallel(_write, [(f, per, block) for f in files], threads)
+        method = drop_page_cache(files)
+        read, read_s = _parallel(_read, [(f,) for f in files], threads)
+        drop_page_cache(files)
+        t = time.perf_counter()
+        one = _read(files[0])
+        one_s = time.perf_counter() - t
+    finally:
+        for f in files:
+            f.unlink(missing_ok=True)
+    return {
+        "path": str(root),
+        **mount_of(root),
+        "bytes": wrote,
+        "threads": threads,
+        "write_fsync_parallel_gbps": _gbps(wrote, write_s),
+        "cold_read_parallel_gbps": _gbps(read, read_s),
+        "cold_read_one_stream_gbps": _gbps(one, one_s),
+        "cache_drop": method,
+    }
+
+
+def shm(size_mb: int, threads: int, root: Path = Path("/dev/shm")) -> dict:
+    """/dev/shm: one stream written, then read in one stream and in parallel (a quarter of its free space at
+    most). Files removed afterwards."""
+    if not root.is_dir():
+        return {"error": f"{root} does not exist"}
+    free = shutil.disk_usage(root).free
+    size = min(size_mb << 20, free // 4) // threads * threads
+    if size < threads:
+        return {"error": f"{root} has {free} bytes free"}
+    d = root / f"ftjob-bench-{os.getpid()}"
+    d.mkdir()
+    files = [d / f"probe-{i}.bin" for i in range(threads)]
+    block = os.urandom(BLOCK)
+    try:
+        t = time.perf_counter()
+        wrote = sum(_write(f, size // threads, block) for f in files)
+        write_s = time.perf_counter() - t
+        t = time.perf_counter()
+        one = sum(_read(f) for f in files)
+        one_s = time.perf_counter() - t
+        read, read_s = _parallel(_read, [(f,) for f in files], threads)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    return {
+        "path": str(root),
+        "bytes": wrote,
+        "threads": threads,
+        "write_one_stream_gbps": _gbps(wrote, write_s),
+        "read_one_stream_gbps": _gbps(one, one_s),
+        "read_parallel_gbps": _gbps(read, read_s),
+    }

@@ -1,0 +1,153 @@
+"""bench/recovery_gpu.py's results as goals (issue 10) and as a markdown section for bench/RESULTS.md.
+
+python bench/recovery_report.py RESULTS_JSON [--write bench/RESULTS.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+# Issue 10's goals on the H200 with the 1b preset: signal -> first step per path, seconds.
+GOAL_TOTAL_S = {"survivor": 12.0, "replacement": 20.0, "compile": 30.0}
+GOAL_LOAD_OF_MEDIUM = 0.8  # a durable load at >= 0.8 x the medium's parallel cold-read bandwidth
+RECOVERY_PATHS = ("replacement", "survivor", "compile")
+
+
+def _medium_gbps(result: dict) -> float | None:
+    return ((result["phases"].get("limits") or {}).get("checkpoint_medium") or {}).get(
+        "cold_read_parallel_gbps"
+    )
+
+
+def load_of_medium(result: dict, path: str) -> float | None:
+    """The path's load bandwidth as a fraction of the medium's parallel cold read."""
+    medium, load = _medium_gbps(result), (result["phases"].get(path) or {}).get("load_gbps")
+    return round(load / medium, 3) if medium and load else None
+
+
+def goals(result: dict) -> dict:
+    """goal -> {"value", "met"}; met is None where the run cannot say (not the 1b preset on a GPU, or no figure)."""
+    cfg = result["config"]
+    applies = cfg["model"] == "1b" and cfg["device"] == "cuda"
+    out = {}
+    for path, limit in GOAL_TOTAL_S.items():
+        value = (result["phases"].get(path) or {}).get("total_s")
+        out[f"{path}: signal -> first step <= {limit:g} s"] = {
+            "value": value,
+            "met": value <= limit if applies and value is not None else None,
+        }
+    frac = load_of_medium(result, "replacement")
+    out[f"replacement: load >= {GOAL_LOAD_OF_MEDIUM:g} x the medium's parallel cold read"] = {
+        "value": frac,
+        "met": frac >= GOAL_LOAD_OF_MEDIUM if applies and frac is not None else None,
+    }
+    return out
+
+
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _verdict(met: bool | None) -> str:
+    return {True: "met", False: "**NOT met**", None: "n/a"}[met]
+
+
+def markdown(result: dict) -> str:
+    cfg, m = result["config"], result["machine"]
+    lines = [
+        "## Recovery at GPU scale (`bench/recovery_gpu.py`)",
+        "",
+        f"{result['date']}; {m.get('gpu') or 'CPU'} (host {m.get('host')}, {m.get('cpus')} CPUs), torch "
+        f"{m.get('torch')}; model {cfg['model']} on {cfg['device']}, {cfg['nproc']} rank(s), batch {cfg['batch']} x "
+        f"{cfg['seq_len']} per rank, --async-checkpoint, checkpoint every {cfg['checkpoint_every']}, signal "
+        f"{cfg['signal_after']} steps after the first periodic save started.",
+        "",
+    ]
+    limits = result["phases"].get("limits") or {}
+    if limits.get("error"):
+        lines += [f"Limits: {limits['error']}", ""]
+    elif limits:
+        med, shm = limits["checkpoint_medium"], limits["dev_shm"]
+        lines += [
+            "| limit (measured in this run) | GB/s |",
+            "|---|---|",
+            f"| checkpoint medium ({med['fstype'] or '?'} at {med['mount'] or '?'}): write + fsync, "
+            f"{med['threads']} streams | {med['write_fsync_parallel_gbps']:.2f} |",
+            f"| checkpoint medium: cold read, {med['threads']} threads (page cache dropped: {med['cache_drop']}) "
+            f"| **{med['cold_read_parallel_gbps']:.2f}** |",
+            f"| checkpoint medium: cold read, one stream | {med['cold_read_one_stream_gbps']:.2f} |",
+        ]
+        if "error" in shm:
+            lines.append(f"| /dev/shm | {shm['error']} |")
+        else:
+            lines += [
+                f"| /dev/shm: write, one stream | {shm['write_one_stream_gbps']:.2f} |",
+                f"| /dev/shm: read, one stream / {shm['threads']} threads | {shm['read_one_stream_gbps']:.2f} / "
+                f"{shm['read_parallel_gbps']:.2f} |",
+            ]
+        lines.append("")
+    done = [p for p in RECOVERY_PATHS if p in result["phases"] and "breakdown" in result["phases"][p]]
+    if done:
+        moments = [row["moment"] for row in result["phases"][done[0]]["breakdown"]]
+        lines += [
+            "Seconds after the signal (the trainer's own clock of it), from the trainer's events:",
+            "",
+            "| path | " + " | ".join(x.replace("_", " ") for x in moments) + " | load | of the medium |",
+            "|---|" + "---|" * (len(moments) + 2),
+        ]
+        for p in done:
+            d = result["phases"][p]
+            cells = [_s(row["since_signal_s"]) for row in d["breakdown"]]
+            cells[-1] = f"**{cells[-1]}**"
+            load = (
+                f"{d['load_bytes'] / 1e9:.2f} GB at {d['load_gbps']:.2f} GB/s" if d.get("load_gbps") else "-"
+            )
+            frac = load_of_medium(result, p)
+            lines.append(f"| {p} | " + " | ".join(cells) + f" | {load} | {_s(frac)} |")
+        lines.append("")
+        for p in done:
+            d = result["phases"][p]
+            save = d.get("stop_save") or {}
+            notes = [f"page cache {d.get('page_cache')}"]
+            if save:
+                notes.append(
+                    f"stop save of step {save['step']}: {_s(save.get('started_to_committed_s'))} s from its start to "
+                    f"the commit, waited for the save of step {save.get('waited_for_step')}"
+                    if save.get("waited_for_step") is not None
+                    else f"stop save of step {save['step']}: {_s(save.get('started_to_committed_s'))} s"
+                )
+            if d.get("torchrun_exited_s") is not None:
+                notes.append(
+                    f"the old torchrun was gone at {d['torchrun_exited_s']:.2f} s and the new one launched at "
+                    f"{d['torchrun_launched_s']:.2f} s (page cache drop {d['cache_drop_s']:.2f} s)"
+                )
+            lines.append(f"- {p}: " + "; ".join(notes) + ".")
+        lines.append("")
+    for p, d in result["phases"].items():
+        if "error" in d:
+            lines.append(f"- {p}: **{d['error']}**")
+    lines += ["", "| goal (issue 10) | this run | |", "|---|---|---|"]
+    for goal, g in (result.get("goals") or {}).items():
+        lines.append(f"| {goal} | {_s(g['value'])} | {_verdict(g['met'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("results", type=Path)
+    p.add_argument("--write", type=Path, default=None, help="put the section into this RESULTS.md")
+    a = p.parse_args(argv)
+    text = markdown(json.loads(a.results.read_text()))
+    if a.write:
+        from local_common import write_section
+
+        write_section("recovery_gpu", text, a.write)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

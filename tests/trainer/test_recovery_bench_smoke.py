@@ -1,0 +1,63 @@
+"""bench/recovery_gpu.py runs on a CPU with the tiny preset and reports, for each recovery path, every moment of
+the breakdown in order (no timing asserts: this proves the script and its reading of the trainer's events)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from ftjob_local.timeline import MOMENTS
+from trainer_testlib import REPO, finish, log_of
+
+pytestmark = pytest.mark.slow
+
+
+def test_recovery_bench_smoke_breaks_down_each_path(procs, tmp_path):
+    out, work = tmp_path / "out", tmp_path / "work"
+    bench = [sys.executable, str(REPO / "bench" / "recovery_gpu.py")]
+    args = [
+        "--out",
+        str(out),
+        "--workdir",
+        str(work),
+        "--model",
+        "tiny",
+        "--device",
+        "cpu",
+        "--probe-mb",
+        "16",
+    ]
+    p = procs.start([*bench, *args], name="recovery")
+    assert finish(p, 400) == 0, log_of(p)[-4000:]
+    doc = json.loads((out / "results.json").read_text())
+    # on a CPU the compile path only runs when asked for
+    assert list(doc["phases"]) == ["limits", "replacement", "survivor"]
+
+    limits = doc["phases"]["limits"]
+    medium = limits["checkpoint_medium"]
+    assert medium["bytes"] == 16 << 20 and medium["cold_read_parallel_gbps"] > 0, medium
+    assert medium["cache_drop"] in ("drop_caches", "fadvise") and medium["cold_read_one_stream_gbps"] > 0
+    assert "error" in limits["dev_shm"] or limits["dev_shm"]["read_parallel_gbps"] > 0, limits
+
+    for path in ("replacement", "survivor"):
+        d = doc["phases"][path]
+        assert d["role"] == path, d
+        assert [row["moment"] for row in d["breakdown"]] == list(MOMENTS), d
+        since = [row["since_signal_s"] for row in d["breakdown"]]
+        assert None not in since and since == sorted(since), d["breakdown"]
+        assert d["total_s"] == since[-1] and d["stop_reasons"] == ["preempted"], d
+        assert d["stopped_at_step"] == [d["resumed_from_step"]] == [d["stop_save"]["step"]], d
+        assert d["load_bytes"] > 0 and d["load_gbps"] > 0 and d["stop_save"]["kind"] == "stop", d
+    assert doc["phases"]["replacement"]["page_cache"] in ("drop_caches", "fadvise")
+    assert set(doc["goals"]) == {
+        "survivor: signal -> first step <= 12 s",
+        "replacement: signal -> first step <= 20 s",
+        "compile: signal -> first step <= 30 s",
+        "replacement: load >= 0.8 x the medium's parallel cold read",
+    }
+    assert all(g["met"] is None for g in doc["goals"].values())  # the goals are the H200's with the 1b preset
+    md = (out / "results.md").read_text()
+    assert "| replacement | 0.00 |" in md and "| survivor | 0.00 |" in md, md
+    assert (out / "replacement" / "replacement.log").exists() and (out / "survivor" / "survivor.log").exists()
+    assert not any(work.rglob("*.distcp")), "the checkpoints of each phase are removed after it"
