@@ -20,11 +20,7 @@ import contextlib
 import json
 import os
 import re
-import signal
 import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -38,10 +34,13 @@ pytestmark = [
     pytest.mark.timeout(300),
 ]
 
-from ftjob_local.cluster import LocalCluster, free_port  # noqa: E402
+from ftjob_local.cluster import LocalCluster  # noqa: E402
 from kubernetes import client as k8s  # noqa: E402
 from kubernetes import config as k8s_config  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
+from support.cluster import local_cluster  # noqa: E402
+from support.operator_process import OperatorProcess  # noqa: E402
+from support.wait import wait_until  # noqa: E402
 
 RELEASE, NS = "ftjob", "ftjob-system"
 TEAM = "team-a"  # the watched namespace of the namespaced install
@@ -94,33 +93,18 @@ print("stand-in trainer: done", flush=True)
 """
 
 
-def wait_until(fn: Callable[[], Any], timeout: float, what: str, diagnose: Callable[[], str]) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up after {timeout:g}s waiting for {what}\n{diagnose()}")
-        time.sleep(0.2)
-
-
-class OperatorProcess:
-    """`ftjob operator` as a local process with the chart Deployment's args and env, in its own process group."""
+class ChartOperator(OperatorProcess):
+    """`ftjob operator` as a local process with the chart Deployment's args and env."""
 
     def __init__(self, deployment: dict[str, Any], kubeconfig: Path, log_path: Path):
         container = next(
             c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "operator"
         )
-        self.port = free_port()
-        # The chart's metrics port is the pod's own; on this machine take a free one (the probes' port does not
-        # matter to RBAC).
-        self.args = [
-            f"--metrics-port={self.port}" if a.startswith("--metrics-port=") else a for a in container["args"]
-        ]
-        self.env = {**os.environ, **self._container_env(container, deployment["metadata"]["namespace"])}
-        self.kubeconfig, self.log_path = kubeconfig, log_path
-        self.proc: subprocess.Popen | None = None
+        # The chart's metrics port is the pod's own; on this machine OperatorProcess takes a free one (the probes'
+        # port does not matter to RBAC).
+        args = [a for a in container["args"] if not a.startswith("--metrics-port=")]
+        env = {**os.environ, **self._container_env(container, deployment["metadata"]["namespace"])}
+        super().__init__(kubeconfig, log_path, args=args, env=env, cwd=ROOT)
 
     @staticmethod
     def _container_env(container: dict[str, Any], namespace: str) -> dict[str, str]:
@@ -138,48 +122,8 @@ class OperatorProcess:
                 out[var["name"]] = field_values[path]
         return out
 
-    def start(self, timeout: float = 60) -> None:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "ftjob_operator", "operator", "--kubeconfig", str(self.kubeconfig),
-                 *self.args],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                env=self.env, cwd=ROOT,
-            )  # fmt: skip
-        wait_until(lambda: self.healthz() == "ok", timeout, "the operator's /healthz", self.log_tail)
-
-    def healthz(self) -> str | None:
-        if self.proc is None or self.proc.poll() is not None:
-            raise AssertionError(
-                f"the operator exited ({self.proc and self.proc.returncode}):\n{self.log_tail()}"
-            )
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2) as resp:
-                return resp.read().decode()
-        except OSError:
-            return None
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
     def forbidden_lines(self) -> list[str]:
         return [line for line in self.log().splitlines() if FORBIDDEN.search(line)]
-
-    def log_tail(self, lines: int = 40) -> str:
-        return "operator log:\n" + "\n".join(self.log().splitlines()[-lines:])
 
 
 class Cluster:
@@ -269,7 +213,7 @@ class Cluster:
         found = self.core.list_namespaced_event(namespace)
         return [(e.type, e.reason, e.message or "") for e in found.items if e.involved_object.name == name]
 
-    def diagnose(self, namespace: str, name: str, operator: OperatorProcess) -> Callable[[], str]:
+    def diagnose(self, namespace: str, name: str, operator: ChartOperator) -> Callable[[], str]:
         def describe() -> str:
             job = self.job(namespace, name)
             return (
@@ -291,25 +235,21 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("chart-rbac")
     stand_in = root / "done_trainer.py"
     stand_in.write_text(DONE_TRAINER)
-    local = LocalCluster(root / "cluster")
-    local.up(nodes=1, spot_nodes=0, operator=False, timeout=60, say=lambda *_: None)
-    try:
+    with local_cluster(root / "cluster", nodes=1, spot_nodes=0) as local:
         made = Cluster(local, root, stand_in)
         # rbac.namespaced puts Roles into watchNamespaces, which must exist first (the chart's README says so).
         made.core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=TEAM)))
         yield made
         made.admin.close()
-    finally:
-        local.down(say=lambda *_: None)
 
 
 @pytest.fixture
-def operator_for(cluster: Cluster, tmp_path: Path) -> Iterator[Callable[[dict[str, Any]], OperatorProcess]]:
+def operator_for(cluster: Cluster, tmp_path: Path) -> Iterator[Callable[[dict[str, Any]], ChartOperator]]:
     """Starts the operator of an installed Deployment under its ServiceAccount; stops it after the test."""
-    started: list[OperatorProcess] = []
+    started: list[ChartOperator] = []
 
-    def start(deployment: dict[str, Any]) -> OperatorProcess:
-        op = OperatorProcess(deployment, cluster.sa_kubeconfig(deployment), tmp_path / "operator.log")
+    def start(deployment: dict[str, Any]) -> ChartOperator:
+        op = ChartOperator(deployment, cluster.sa_kubeconfig(deployment), tmp_path / "operator.log")
         started.append(op)
         op.start()
         return op
@@ -354,23 +294,33 @@ def verb_removed(
         replace_role(cluster, kind, name, namespace, role)
 
 
-def run_to_success(cluster: Cluster, op: OperatorProcess, namespace: str, name: str) -> None:
+def run_to_success(cluster: Cluster, op: ChartOperator, namespace: str, name: str) -> None:
     describe = cluster.diagnose(namespace, name, op)
     cluster.create_job(namespace, name)
-    wait_until(lambda: succeeded(cluster.job(namespace, name)), 90, f"{namespace}/{name} Succeeded", describe)
+    wait_until(
+        lambda: succeeded(cluster.job(namespace, name)),
+        90,
+        f"{namespace}/{name} Succeeded",
+        diagnose=describe,
+    )
     # ttlSecondsAfterFinished: the operator deletes the job (and its Secret, Service and pods go with it).
-    wait_until(lambda: cluster.job(namespace, name) is None, 30, "the TTL to delete the job", describe)
+    wait_until(
+        lambda: cluster.job(namespace, name) is None, 30, "the TTL to delete the job", diagnose=describe
+    )
     assert op.forbidden_lines() == [], "the chart's RBAC lacks a verb the operator used:\n" + "\n".join(
         op.forbidden_lines()
     )
 
 
-def fails_with_403(cluster: Cluster, op: OperatorProcess, namespace: str, name: str, missing: str) -> None:
+def fails_with_403(cluster: Cluster, op: ChartOperator, namespace: str, name: str, missing: str) -> None:
     """The job is refused where the verb is missing: 403 in the operator's log and an ApiError event, no success."""
     describe = cluster.diagnose(namespace, name, op)
     cluster.create_job(namespace, name)
     wait_until(
-        lambda: any(missing in line for line in op.forbidden_lines()), 60, f"a 403 on {missing}", describe
+        lambda: any(missing in line for line in op.forbidden_lines()),
+        60,
+        f"a 403 on {missing}",
+        diagnose=describe,
     )
     wait_until(
         lambda: any(
@@ -379,7 +329,7 @@ def fails_with_403(cluster: Cluster, op: OperatorProcess, namespace: str, name: 
         ),
         30,
         "the operator's Warning event about the 403",
-        describe,
+        diagnose=describe,
     )
     assert not succeeded(cluster.job(namespace, name)), describe()
 

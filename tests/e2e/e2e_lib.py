@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import pytest
 import yaml
 from ftjob_local.cluster import LocalCluster
 from ftjob_local.session import Session
+from support.wait import wait_until as support_wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "local-tiny.yaml"
@@ -85,14 +85,10 @@ def wait_until(
     job: str | None = None,
     interval: float = 0.25,
 ) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g}s waiting for {what}\n{diagnose(session, job)}")
-        time.sleep(interval)
+    """support.wait_until with what an e2e test prints on failure: the job, its pods and the operator's log."""
+    return support_wait_until(
+        predicate, timeout, what, interval=interval, diagnose=lambda: diagnose(session, job)
+    )
 
 
 def job_status(session: Session, name: str) -> dict:

@@ -8,22 +8,18 @@ import copy
 import pytest
 import yaml
 from e2e_lib import example_docs
-from ftjob_local.cluster import LocalCluster
 from ftjob_local.session import Session
+from support.cluster import local_cluster
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def crd_only(tmp_path_factory):
-    cluster = LocalCluster(tmp_path_factory.mktemp("crd") / "state")
-    cluster.up(nodes=1, spot_nodes=0, operator=False, say=lambda *_: None)
-    try:
+    with local_cluster(tmp_path_factory.mktemp("crd") / "state", nodes=1, spot_nodes=0) as cluster:
         session = Session(cluster)
         session.install_crd()
         yield session
-    finally:
-        cluster.down(say=lambda *_: None)
 
 
 def job(name: str = "bad-job", **spec_changes) -> dict:

@@ -13,6 +13,7 @@ from ftjob_local.apiserver import start_in_thread
 from ftjob_local.apiserver import watch as watch_mod
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
+from support.wait import wait_until
 
 NS = "default"
 
@@ -69,16 +70,6 @@ WIDGET_CRD = {
         ],
     },
 }
-
-
-def wait_for(check, timeout=10.0, interval=0.02, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture()
@@ -247,7 +238,7 @@ def test_watch_from_resource_version_selectors_and_bookmarks(api, monkeypatch):
         core.patch_namespaced_config_map("m", NS, {"data": {"k": "v"}})
         core.patch_namespaced_config_map("m", NS, {"metadata": {"labels": {"w": "2"}}})  # leaves the selector
         core.patch_namespaced_config_map("m", NS, {"metadata": {"labels": {"w": "1"}}})  # comes back
-        wait_for(lambda: ("BOOKMARK", "") in seen, what="a bookmark")
+        wait_until(lambda: ("BOOKMARK", "") in seen, 10, "a bookmark", interval=0.02)
         core.delete_namespaced_config_map("m", NS)
     finally:
         t.join(timeout=15)
@@ -377,8 +368,11 @@ def test_namespace_deletion_removes_contents(api):
     core.create_namespace({"metadata": {"name": "tmp"}})
     core.create_namespaced_config_map("tmp", {"metadata": {"name": "c"}})
     core.delete_namespace("tmp")
-    wait_for(
-        lambda: "tmp" not in {n.metadata.name for n in core.list_namespace().items}, what="namespace gone"
+    wait_until(
+        lambda: "tmp" not in {n.metadata.name for n in core.list_namespace().items},
+        10,
+        "namespace gone",
+        interval=0.02,
     )
     with pytest.raises(ApiException):
         core.read_namespaced_config_map("c", "tmp")

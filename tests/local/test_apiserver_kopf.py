@@ -4,13 +4,13 @@ patches through the status subresource, events, and finalizers on deletion."""
 from __future__ import annotations
 
 import textwrap
-import time
 
 import pytest
 from ftjob_local.apiserver import start_in_thread
 from kopf.testing import KopfRunner
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from support.wait import wait_until
 from test_apiserver_client import WIDGET_CRD
 
 pytestmark = pytest.mark.slow
@@ -43,16 +43,6 @@ OPERATOR = textwrap.dedent("""\
     """)
 
 
-def wait_for(check, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def test_kopf_operator_reconciles_widgets(tmp_path, monkeypatch):
     handle = start_in_thread(str(tmp_path / "state"))
     operator = tmp_path / "operator.py"
@@ -78,20 +68,22 @@ def test_kopf_operator_reconciles_widgets(tmp_path, monkeypatch):
             def phase():
                 return (co.get_namespaced_custom_object(*ARGS, "w").get("status") or {}).get("phase")
 
-            wait_for(lambda: phase() == "Created", what="kopf's create handler")
+            wait_until(lambda: phase() == "Created", 30, "kopf's create handler", interval=0.05)
             obj = co.get_namespaced_custom_object(*ARGS, "w")
             assert obj["metadata"]["finalizers"] == ["kopf.zalando.org/KopfFinalizerMarker"]
             core = client.CoreV1Api(api)
-            wait_for(
+            wait_until(
                 lambda: any(
                     e.involved_object.name == "w" and "widget created" in e.message
                     for e in core.list_namespaced_event("default").items
                 ),
-                what="kopf's event",
+                30,
+                "kopf's event",
+                interval=0.05,
             )
 
             co.patch_namespaced_custom_object(*ARGS, "w", {"spec": {"mode": "slow"}})
-            wait_for(lambda: phase() == "Mode-slow", what="kopf's update handler")
+            wait_until(lambda: phase() == "Mode-slow", 30, "kopf's update handler", interval=0.05)
 
             co.delete_namespaced_custom_object(*ARGS, "w")
 
@@ -102,7 +94,7 @@ def test_kopf_operator_reconciles_widgets(tmp_path, monkeypatch):
                 except ApiException as e:
                     return e.status == 404
 
-            wait_for(gone, what="kopf to remove its finalizer")
+            wait_until(gone, 30, "kopf to remove its finalizer", interval=0.05)
         assert runner.exit_code == 0, runner.output
         assert runner.exception is None
         assert "Handler 'created' succeeded" in runner.output

@@ -11,8 +11,9 @@ import uuid
 
 import pytest
 from ftjob_local.cli import main
-from ftjob_local.client import Kube, wait_for
+from ftjob_local.client import Kube
 from ftjob_local.cluster import LocalCluster
+from support.wait import wait_until
 
 pytestmark = [
     pytest.mark.slow,
@@ -88,7 +89,7 @@ def spot_pod(kube: Kube, node: str, marker, grace: int = 10) -> dict:
 
 def pod_pid(cluster: LocalCluster, pod: dict) -> int:
     f = cluster.dir / "pods" / pod["metadata"]["uid"] / "containers" / "main" / "pid"
-    return int(wait_for(lambda: f.exists() and f.read_text(), 10, what="pid file").split()[0])
+    return int(wait_until(lambda: f.exists() and f.read_text(), 10, what="pid file").split()[0])
 
 
 def node_names(kube: Kube) -> set[str]:
@@ -103,7 +104,7 @@ def test_up_status_down_leaves_nothing_running(tmp_path, capsys):
         pids = [c.alive(n)["pid"] for n in ("apiserver", "node-agent")]
         kube = Kube(str(c.kubeconfig))
         pod = spot_pod(kube, "local-spot-0", tmp_path / "m")
-        wait_for(lambda: (tmp_path / "m").exists(), 30, what="pod process")
+        wait_until(lambda: (tmp_path / "m").exists(), 30, what="pod process")
         pids.append(pod_pid(c, pod))
         capsys.readouterr()
         assert main(["status", "--state-dir", str(state), "--json"]) == 0
@@ -127,7 +128,7 @@ def test_preempt_with_notice(cluster, tmp_path, capsys):
     marker = tmp_path / "marker"
     pod = spot_pod(kube, "local-spot-0", marker)
     name = pod["metadata"]["name"]
-    wait_for(lambda: marker.exists(), 30, what="pod process")
+    wait_until(lambda: marker.exists(), 30, what="pod process")
     pid = pod_pid(cluster, pod)
     t0 = time.monotonic()
     assert (
@@ -153,7 +154,7 @@ def test_preempt_with_notice(cluster, tmp_path, capsys):
         )
         return (p, c) if c else None
 
-    p, c = wait_for(disrupted, 10, interval=0.05, what="DisruptionTarget")
+    p, c = wait_until(disrupted, 10, interval=0.05, what="DisruptionTarget")
     assert time.monotonic() - t0 >= 1.4
     assert c["status"] == "True" and c["reason"] == "TerminationByKubelet"
 
@@ -162,13 +163,13 @@ def test_preempt_with_notice(cluster, tmp_path, capsys):
         p = kube.get(f"/api/v1/namespaces/{NS}/pods/{name}")
         return p is None or bool(p["metadata"].get("deletionTimestamp"))
 
-    wait_for(deleting, 10, interval=0.05, what="deletionTimestamp after DisruptionTarget")
-    wait_for(lambda: marker.read_text() in ("TERM", "saved"), 10, what="SIGTERM in the pod")
-    wait_for(lambda: "local-spot-0" not in node_names(kube), 20, what="node removed")
+    wait_until(deleting, 10, interval=0.05, what="deletionTimestamp after DisruptionTarget")
+    wait_until(lambda: marker.read_text() in ("TERM", "saved"), 10, what="SIGTERM in the pod")
+    wait_until(lambda: "local-spot-0" not in node_names(kube), 20, what="node removed")
     assert marker.read_text() == "saved", "the process had its grace period to finish"
     assert kube.get(f"/api/v1/namespaces/{NS}/pods/{name}") is None
     assert not alive(pid)
-    replacement = wait_for(
+    replacement = wait_until(
         lambda: node_names(kube) - {"local-node-0", "local-spot-0", "local-spot-1"},
         20,
         what="replacement node",
@@ -179,22 +180,22 @@ def test_preempt_with_notice(cluster, tmp_path, capsys):
     # The replacement runs pods.
     marker2 = tmp_path / "marker2"
     spot_pod(kube, "local-spot-2", marker2)
-    wait_for(lambda: marker2.exists(), 30, what="pod on the replacement node")
+    wait_until(lambda: marker2.exists(), 30, what="pod on the replacement node")
 
 
 def test_preempt_hard_and_wait(cluster, tmp_path, capsys):
     kube = Kube(str(cluster.kubeconfig))
     marker = tmp_path / "marker"
     pod = spot_pod(kube, "local-spot-1", marker, grace=30)
-    wait_for(lambda: marker.exists(), 30, what="pod process")
+    wait_until(lambda: marker.exists(), 30, what="pod process")
     pid = pod_pid(cluster, pod)
     t0 = time.monotonic()
     assert main(["preempt", "--state-dir", str(cluster.dir), "local-spot-1", "--hard", "--wait"]) == 0
     assert time.monotonic() - t0 < 10
     assert "local-spot-1 is gone" in capsys.readouterr().out
-    wait_for(lambda: not alive(pid), 5, what="process killed")
+    wait_until(lambda: not alive(pid), 5, what="process killed")
     assert marker.read_text() == "running", "a hard preemption gives no SIGTERM"
-    wait_for(
+    wait_until(
         lambda: kube.get(f"/api/v1/namespaces/{NS}/pods/{pod['metadata']['name']}") is None,
         10,
         what="pod deleted",

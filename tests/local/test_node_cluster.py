@@ -18,8 +18,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from ftjob_local.client import Kube, wait_for
-from ftjob_local.cluster import LocalCluster
+from ftjob_local.client import Kube
+from support.cluster import local_cluster
+from support.wait import wait_until
 
 pytestmark = [
     pytest.mark.slow,
@@ -34,12 +35,8 @@ PY = sys.executable
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = LocalCluster(tmp_path_factory.mktemp("cluster"))
-    c.up(nodes=1, spot_nodes=1, operator=False, timeout=60, say=lambda *_: None)
-    try:
+    with local_cluster(tmp_path_factory.mktemp("cluster"), nodes=1, spot_nodes=1) as c:
         yield c
-    finally:
-        c.down(say=lambda *_: None)
 
 
 @pytest.fixture(scope="module")
@@ -113,12 +110,12 @@ def test_scheduling_selectors_taints_and_resources(kube, cluster):
     make_pod(kube, big, sleep, container={"resources": {"requests": {"cpu": "1000"}}})
     gpu = name("gpu")
     make_pod(kube, gpu, sleep, container={"resources": {"limits": {"nvidia.com/gpu": "1"}}})
-    pod = wait_for(
+    pod = wait_until(
         lambda: (get_pod(kube, spot) or {}).get("spec", {}).get("nodeName"), 20, what="spot binding"
     )
     assert pod == "local-spot-0"
     for pending, why in ((big, "Insufficient cpu"), (gpu, "Insufficient nvidia.com/gpu")):
-        p = wait_for(
+        p = wait_until(
             lambda n=pending: (lambda x: x if cond(x, "PodScheduled").get("status") == "False" else None)(
                 get_pod(kube, n)
             ),
@@ -128,7 +125,7 @@ def test_scheduling_selectors_taints_and_resources(kube, cluster):
         assert p["status"]["phase"] == "Pending" and not p["spec"].get("nodeName")
         assert cond(p, "PodScheduled")["reason"] == "Unschedulable"
         assert why in cond(p, "PodScheduled")["message"]
-        ev = wait_for(
+        ev = wait_until(
             lambda n=pending: [e for e in events_for(kube, n) if e["reason"] == "FailedScheduling"],
             10,
             what="FailedScheduling event",
@@ -150,14 +147,14 @@ def test_scheduling_selectors_taints_and_resources(kube, cluster):
             tolerations=[{"key": "example.com/maintenance", "operator": "Exists", "effect": "NoSchedule"}],
         )
         assert (
-            wait_for(
+            wait_until(
                 lambda: (get_pod(kube, tolerant) or {}).get("spec", {}).get("nodeName"),
                 20,
                 what="tolerant binding",
             )
             == "local-node-0"
         )
-        p = wait_for(
+        p = wait_until(
             lambda: (lambda x: x if cond(x, "PodScheduled").get("status") == "False" else None)(
                 get_pod(kube, refused)
             ),
@@ -169,7 +166,7 @@ def test_scheduling_selectors_taints_and_resources(kube, cluster):
         kubectl(cluster, "taint", "node", "local-node-0", "example.com/maintenance-")
     # Once the taint is gone the pending pod is scheduled.
     assert (
-        wait_for(
+        wait_until(
             lambda: (get_pod(kube, refused) or {}).get("spec", {}).get("nodeName"),
             20,
             what="binding after untaint",
@@ -246,7 +243,7 @@ def test_pod_env_volumes_termination_message_exit_code_and_logs(kube, cluster):
         },
     )
     uid = created["metadata"]["uid"]
-    pod = wait_for(phase_is(kube, pod_name, "Failed", "Succeeded"), 30, what="pod to finish")
+    pod = wait_until(phase_is(kube, pod_name, "Failed", "Succeeded"), 30, what="pod to finish")
     assert pod["status"]["phase"] == "Failed"
     (status,) = pod["status"]["containerStatuses"]
     term = status["state"]["terminated"]
@@ -293,7 +290,7 @@ def test_missing_secret_waits_with_a_clear_reason(kube, cluster):
             "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "does-not-exist", "key": "k"}}}]
         },
     )
-    pod = wait_for(
+    pod = wait_until(
         lambda: (
             lambda p: (
                 p
@@ -323,7 +320,7 @@ def test_restart_policy_on_failure_counts_restarts(kube, tmp_path):
         " p.write_text(str(n + 1)); sys.exit(0 if n >= 1 else 7)"
     )
     make_pod(kube, pod_name, [PY, "-c", code], restartPolicy="OnFailure")
-    pod = wait_for(phase_is(kube, pod_name, "Succeeded", "Failed"), 30, what="flaky pod to finish")
+    pod = wait_until(phase_is(kube, pod_name, "Succeeded", "Failed"), 30, what="flaky pod to finish")
     assert pod["status"]["phase"] == "Succeeded"
     (status,) = pod["status"]["containerStatuses"]
     assert status["restartCount"] == 1
@@ -362,7 +359,7 @@ def test_init_container_then_always_restart_with_previous_logs(kube, cluster):
         statuses = (p or {}).get("status", {}).get("containerStatuses") or [{}]
         return p if statuses[0].get("restartCount", 0) >= 2 else None
 
-    pod = wait_for(restarted, 30, what="two restarts")
+    pod = wait_until(restarted, 30, what="two restarts")
     (init_status,) = pod["status"]["initContainerStatuses"]
     assert init_status["state"]["terminated"]["exitCode"] == 0
     assert cond(pod, "Initialized")["status"] == "True"
@@ -393,16 +390,16 @@ def test_graceful_deletion_sigterm_then_sigkill_after_grace(kube, cluster, tmp_p
     marker = tmp_path / "marker"
     pod_name = name("stubborn")
     created = make_pod(kube, pod_name, [PY, "-c", TERM_IGNORER, str(marker)], terminationGracePeriodSeconds=2)
-    wait_for(phase_is(kube, pod_name, "Running"), 30, what="pod running")
-    wait_for(lambda: marker.exists() and marker.read_text() == "started", 10, what="process started")
+    wait_until(phase_is(kube, pod_name, "Running"), 30, what="pod running")
+    wait_until(lambda: marker.exists() and marker.read_text() == "started", 10, what="process started")
     pid_file = cluster.dir / "pods" / created["metadata"]["uid"] / "containers" / "main" / "pid"
     pid = int(pid_file.read_text().split()[0])
     t0 = time.monotonic()
     kubectl(cluster, "delete", "pod", pod_name, "--wait=false")
-    wait_for(lambda: marker.read_text() == "TERM", 10, what="SIGTERM to reach the process")
+    wait_until(lambda: marker.read_text() == "TERM", 10, what="SIGTERM to reach the process")
     pod = get_pod(kube, pod_name)
     assert pod is None or pod["metadata"].get("deletionTimestamp")  # graceful: still there while it runs
-    wait_for(lambda: get_pod(kube, pod_name) is None, 20, what="pod object gone")
+    wait_until(lambda: get_pod(kube, pod_name) is None, 20, what="pod object gone")
     elapsed = time.monotonic() - t0
     assert 1.8 <= elapsed < 10, (
         f"the process ignored SIGTERM, so SIGKILL should come after the 2s grace ({elapsed:.1f}s)"
@@ -413,7 +410,7 @@ def test_graceful_deletion_sigterm_then_sigkill_after_grace(kube, cluster, tmp_p
     # A process that exits on SIGTERM ends the pod at once, long before its 30 s grace period.
     quick = name("quick")
     make_pod(kube, quick, [PY, "-c", "import time; time.sleep(60)"])
-    wait_for(phase_is(kube, quick, "Running"), 30, what="quick pod running")
+    wait_until(phase_is(kube, quick, "Running"), 30, what="quick pod running")
     t0 = time.monotonic()
     kubectl(cluster, "delete", "pod", quick, "--wait=true", "--timeout=30s")
     assert time.monotonic() - t0 < 10
@@ -441,7 +438,7 @@ def test_liveness_probe_failure_restarts_the_container(kube, cluster):
         s = ((p or {}).get("status", {}).get("containerStatuses") or [{}])[0]
         return s if s.get("restartCount", 0) >= 1 else None
 
-    status = wait_for(restarted, 30, what="a restart after the liveness probe failed")
+    status = wait_until(restarted, 30, what="a restart after the liveness probe failed")
     assert status["lastState"]["terminated"]["exitCode"] == 137
     assert any(e["reason"] == "Unhealthy" for e in events_for(kube, pod_name))
     kubectl(cluster, "delete", "pod", pod_name, "--wait=true", "--timeout=30s")
@@ -488,7 +485,7 @@ def test_service_proxy_forwards_to_ready_pod(kube, cluster):
     )
     ip = svc["spec"]["clusterIP"]
     assert ip.startswith("127.96.")
-    pod = wait_for(
+    pod = wait_until(
         lambda: (lambda p: p if cond(p or {}, "Ready").get("status") == "True" else None)(get_pod(kube, app)),
         30,
         what="web pod ready",
@@ -502,7 +499,7 @@ def test_service_proxy_forwards_to_ready_pod(kube, cluster):
         except OSError:
             return None
 
-    assert wait_for(fetch, 20, what="service answer") == f"hello from {app}"
+    assert wait_until(fetch, 20, what="service answer") == f"hello from {app}"
     kubectl(cluster, "delete", "service", app)
     kubectl(cluster, "delete", "pod", app, "--wait=true", "--timeout=30s")
 
@@ -516,11 +513,11 @@ def test_node_deletion_kills_its_pods(kube, cluster, tmp_path):
         [PY, "-c", "import time; time.sleep(120)"],
         nodeSelector={"kubernetes.io/hostname": "local-node-0"},
     )
-    wait_for(phase_is(kube, pod_name, "Running"), 30, what="pod running")
+    wait_until(phase_is(kube, pod_name, "Running"), 30, what="pod running")
     pid_file = cluster.dir / "pods" / created["metadata"]["uid"] / "containers" / "main" / "pid"
     pid = int(pid_file.read_text().split()[0])
     kubectl(cluster, "delete", "node", "local-node-0")
-    wait_for(lambda: get_pod(kube, pod_name) is None, 20, what="pod deleted with its node")
+    wait_until(lambda: get_pod(kube, pod_name) is None, 20, what="pod deleted with its node")
 
     def dead():
         try:
@@ -529,7 +526,7 @@ def test_node_deletion_kills_its_pods(kube, cluster, tmp_path):
             return True
         return False
 
-    wait_for(dead, 10, what="process killed")
+    wait_until(dead, 10, what="process killed")
 
 
 def test_pods_keep_running_across_an_api_server_restart(kube, cluster, tmp_path):
@@ -544,12 +541,12 @@ def test_pods_keep_running_across_an_api_server_restart(kube, cluster, tmp_path)
         terminationGracePeriodSeconds=1,
         nodeSelector={"kubernetes.io/hostname": "local-spot-0"},
     )
-    wait_for(phase_is(kube, pod_name, "Running"), 30, what="pod running")
+    wait_until(phase_is(kube, pod_name, "Running"), 30, what="pod running")
     pid_file = cluster.dir / "pods" / created["metadata"]["uid"] / "containers" / "main" / "pid"
     pid = int(pid_file.read_text().split()[0])
     cluster.down(only=["apiserver"], say=lambda *_: None)
     tick = int(marker.read_text())
-    wait_for(
+    wait_until(
         lambda: int(marker.read_text()) > tick + 3, 10, what="the pod to go on while the API server is down"
     )
     cluster.restart("apiserver")
@@ -557,7 +554,7 @@ def test_pods_keep_running_across_an_api_server_restart(kube, cluster, tmp_path)
     assert get_pod(kube, pod_name)["status"]["phase"] == "Running"
     after = name("after")
     make_pod(kube, after, [PY, "-c", "print('after restart')"])
-    wait_for(phase_is(kube, after, "Succeeded"), 30, what="a new pod after the restart")
+    wait_until(phase_is(kube, after, "Succeeded"), 30, what="a new pod after the restart")
     kubectl(cluster, "delete", "pod", pod_name, "--wait=true", "--timeout=30s")
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)

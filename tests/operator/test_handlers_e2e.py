@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import sys
-import time
 import urllib.request
 import uuid
 from collections.abc import Callable
@@ -21,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = [
     pytest.mark.slow,
@@ -29,10 +25,13 @@ pytestmark = [
 ]
 
 from ftjob_local.client import ApiError, Kube  # noqa: E402
-from ftjob_local.cluster import LocalCluster, free_port  # noqa: E402
+from ftjob_local.cluster import LocalCluster  # noqa: E402
 from ftjob_local.preempt import request_preemption  # noqa: E402
 from ftjob_local.session import find_kubectl  # noqa: E402
 from ftjob_operator import render  # noqa: E402
+from support.cluster import local_cluster  # noqa: E402
+from support.operator_process import OperatorProcess  # noqa: E402
+from support.wait import wait_until  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 NS = "default"
@@ -105,70 +104,18 @@ finish("preempted", 75, "stopped by SIGTERM after a save", step)
 
 
 # --- the cluster, the operator, and helpers ------------------------------------------------------------------
-class Operator:
-    """`ftjob operator` as a child process in its own process group (so a crash can be a SIGKILL of all of it)."""
-
-    def __init__(self, kubeconfig: Path, log_path: Path, peering: str | None = None):
-        self.kubeconfig, self.log_path, self.peering = kubeconfig, log_path, peering
-        self.proc: subprocess.Popen | None = None
-        self.port = 0
-
-    def start(self, timeout: float = 60) -> None:
-        self.port = free_port()
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "ftjob_operator", "operator", "--kubeconfig", str(self.kubeconfig),
-                 "--metrics-port", str(self.port), "--log-level", "INFO",
-                 *(["--peering", self.peering] if self.peering else [])],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                env={**os.environ, "FTJOB_DEFAULT_TRAINER_IMAGE": DEFAULT_IMAGE},
-            )  # fmt: skip
-        wait_until(lambda: self.http("/healthz") == "ok", timeout, "the operator's /healthz", self)
-
-    def http(self, path: str) -> str | None:
-        if self.proc is None or self.proc.poll() is not None:
-            raise AssertionError(
-                f"the operator exited ({self.proc and self.proc.returncode}):\n{self.log_tail()}"
-            )
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as resp:
-                return resp.read().decode()
-        except OSError:
-            return None
-
-    def metric(self, name: str, **labels: str) -> float | None:
-        """One sample from /metrics, or None if it is not there."""
-        for family in text_string_to_metric_families(self.http("/metrics") or ""):
-            for sample in family.samples:
-                if sample.name == name and sample.labels == labels:
-                    return sample.value
-        return None
-
-    def crash(self) -> None:
-        """SIGKILL: the operator stops at whatever instruction it was on."""
-        assert self.proc is not None
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no operator log)"
+def make_operator(kubeconfig: Path, log_path: Path, peering: str | None = None) -> OperatorProcess:
+    """`ftjob operator` as the chart runs it, with the default trainer image the chart sets."""
+    return OperatorProcess(
+        kubeconfig,
+        log_path,
+        args=["--log-level", "INFO", *(["--peering", peering] if peering else [])],
+        env={**os.environ, "FTJOB_DEFAULT_TRAINER_IMAGE": DEFAULT_IMAGE},
+    )
 
 
 class Env:
-    def __init__(self, cluster: LocalCluster, operator: Operator, fake: Path):
+    def __init__(self, cluster: LocalCluster, operator: OperatorProcess, fake: Path):
         self.cluster, self.operator, self.fake = cluster, operator, fake
         self.kube = Kube(str(cluster.kubeconfig))
         self.created: list[str] = []
@@ -261,25 +208,11 @@ class Env:
                 out.append(f"events: {self.reasons(name)}")
             except (ApiError, AssertionError, OSError) as e:
                 out.append(f"(could not read the job: {e})")
-        out.append("operator log:\n" + self.operator.log_tail())
+        out.append(self.operator.log_tail())
         return "\n".join(out)
 
     def until(self, fn: Callable[[], Any], timeout: float, what: str, job: str | None = None) -> Any:
-        return wait_until(fn, timeout, what, self, job)
-
-
-def wait_until(
-    fn: Callable[[], Any], timeout: float, what: str, env: Any = None, job: str | None = None
-) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            detail = env.diagnose(job) if isinstance(env, Env) else (env.log_tail() if env else "")
-            raise AssertionError(f"gave up after {timeout:g}s waiting for {what}\n{detail}")
-        time.sleep(0.1)
+        return wait_until(fn, timeout, what, diagnose=lambda: self.diagnose(job))
 
 
 @pytest.fixture(scope="module")
@@ -287,19 +220,17 @@ def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("handlers")
     fake = root / "fake_trainer.py"
     fake.write_text(FAKE_TRAINER)
-    cluster = LocalCluster(root / "cluster")
-    cluster.up(nodes=1, spot_nodes=2, operator=False, timeout=60, say=lambda *_: None)
-    operator = Operator(cluster.kubeconfig, root / "operator.log")
-    try:
-        subprocess.run(
-            [find_kubectl(), "--kubeconfig", str(cluster.kubeconfig), "apply", "-f", str(REPO / "crds")],
-            check=True, capture_output=True, timeout=60,
-        )  # fmt: skip
-        operator.start()
-        yield Env(cluster, operator, fake)
-    finally:
-        operator.stop()
-        cluster.down(say=lambda *_: None)
+    with local_cluster(root / "cluster", nodes=1, spot_nodes=2) as cluster:
+        operator = make_operator(cluster.kubeconfig, root / "operator.log")
+        try:
+            subprocess.run(
+                [find_kubectl(), "--kubeconfig", str(cluster.kubeconfig), "apply", "-f", str(REPO / "crds")],
+                check=True, capture_output=True, timeout=60,
+            )  # fmt: skip
+            operator.start()
+            yield Env(cluster, operator, fake)
+        finally:
+            operator.stop()
 
 
 @pytest.fixture

@@ -14,9 +14,11 @@ pytestmark = [
     pytest.mark.timeout(240),
 ]
 
-from ftjob_local.cluster import LocalCluster  # noqa: E402
 from ftjob_local.session import find_kubectl  # noqa: E402
-from test_handlers_e2e import FAKE_TRAINER, REPO, Env, Operator, wait_until  # noqa: E402
+from support.cluster import local_cluster  # noqa: E402
+from support.operator_process import OperatorProcess  # noqa: E402
+from support.wait import wait_until  # noqa: E402
+from test_handlers_e2e import FAKE_TRAINER, REPO, Env, make_operator  # noqa: E402
 
 PEERING = "ftjob-test"
 
@@ -24,7 +26,7 @@ PEERING = "ftjob-test"
 class Both:
     """Both replicas' logs, for what a failed wait prints."""
 
-    def __init__(self, ops: list[Operator]):
+    def __init__(self, ops: list[OperatorProcess]):
         self.ops = ops
 
     def log_tail(self) -> str:
@@ -35,28 +37,26 @@ class Both:
 def replicas(tmp_path):
     fake = tmp_path / "fake_trainer.py"
     fake.write_text(FAKE_TRAINER)
-    cluster = LocalCluster(tmp_path / "cluster")
-    cluster.up(nodes=1, spot_nodes=2, operator=False, timeout=60, say=lambda *_: None)
-    ops = [Operator(cluster.kubeconfig, tmp_path / f"operator-{i}.log", peering=PEERING) for i in range(2)]
-    try:
-        kubectl = [find_kubectl(), "--kubeconfig", str(cluster.kubeconfig)]
-        peering_crds = subprocess.run(
-            [str(REPO / ".venv" / "bin" / "helm"), "template", "x", str(REPO / "charts" / "ftjob"),
-             "--set", "peering.enabled=true", "--show-only", "templates/peering-crds.yaml"],
-            check=True, capture_output=True, text=True, timeout=60,
-        ).stdout  # fmt: skip
-        subprocess.run([*kubectl, "apply", "-f", "-"], input=peering_crds, check=True, capture_output=True,
-                       text=True, timeout=60)  # fmt: skip
-        subprocess.run(
-            [*kubectl, "apply", "-f", str(REPO / "crds")], check=True, capture_output=True, timeout=60
-        )
-        for op in ops:
-            op.start()
-        yield Env(cluster, ops[0], fake), ops
-    finally:
-        for op in ops:
-            op.stop()
-        cluster.down(say=lambda *_: None)
+    with local_cluster(tmp_path / "cluster", nodes=1, spot_nodes=2) as cluster:
+        ops = [make_operator(cluster.kubeconfig, tmp_path / f"operator-{i}.log", PEERING) for i in range(2)]
+        try:
+            kubectl = [find_kubectl(), "--kubeconfig", str(cluster.kubeconfig)]
+            peering_crds = subprocess.run(
+                [str(REPO / ".venv" / "bin" / "helm"), "template", "x", str(REPO / "charts" / "ftjob"),
+                 "--set", "peering.enabled=true", "--show-only", "templates/peering-crds.yaml"],
+                check=True, capture_output=True, text=True, timeout=60,
+            ).stdout  # fmt: skip
+            subprocess.run([*kubectl, "apply", "-f", "-"], input=peering_crds, check=True, capture_output=True,
+                           text=True, timeout=60)  # fmt: skip
+            subprocess.run(
+                [*kubectl, "apply", "-f", str(REPO / "crds")], check=True, capture_output=True, timeout=60
+            )
+            for op in ops:
+                op.start()
+            yield Env(cluster, ops[0], fake), ops
+        finally:
+            for op in ops:
+                op.stop()
 
 
 def test_two_peered_replicas_create_one_set_of_pods(replicas):
@@ -70,7 +70,7 @@ def test_two_peered_replicas_create_one_set_of_pods(replicas):
         ),
         30,
         "both replicas' keep-alives in the ClusterKopfPeering",
-        Both(ops),
+        diagnose=Both(ops).log_tail,
     )
     assert len({v["priority"] for v in keepalives.values()}) == 2, (
         keepalives

@@ -10,6 +10,8 @@ import sys
 
 import pytest
 from ftjob_operator import api, render
+from support.cluster import local_cluster
+from support.wait import wait_until
 from tj_builders import UID, job
 
 pytestmark = [pytest.mark.slow]
@@ -19,14 +21,9 @@ NS = "default"
 @pytest.fixture(scope="module")
 def kube(tmp_path_factory):
     from ftjob_local.client import Kube
-    from ftjob_local.cluster import LocalCluster
 
-    cluster = LocalCluster(tmp_path_factory.mktemp("cluster"))
-    cluster.up(nodes=1, spot_nodes=0, operator=False, timeout=60, say=lambda *_: None)
-    try:
+    with local_cluster(tmp_path_factory.mktemp("cluster"), nodes=1, spot_nodes=0) as cluster:
         yield Kube(str(cluster.kubeconfig))
-    finally:
-        cluster.down(say=lambda *_: None)
 
 
 def _create(kube, manifest: dict) -> None:
@@ -38,12 +35,6 @@ def _create(kube, manifest: dict) -> None:
 
 def _pod(kube, name: str) -> dict:
     return kube.get(f"/api/v1/namespaces/{NS}/pods/{name}") or {}
-
-
-def _wait(predicate, timeout: float, what: str):
-    from ftjob_local.client import wait_for
-
-    return wait_for(predicate, timeout, what=what)
 
 
 def test_rendered_coordinator_runs_from_args_alone_and_becomes_ready(kube):
@@ -64,7 +55,7 @@ def test_rendered_coordinator_runs_from_args_alone_and_becomes_ready(kube):
         conds = {c["type"]: c["status"] for c in (p.get("status") or {}).get("conditions") or []}
         return p if conds.get("Ready") == "True" else None
 
-    p = _wait(ready, 60, "the coordinator started from args to pass its readiness probe")
+    p = wait_until(ready, 60, "the coordinator started from args to pass its readiness probe")
     assert p["status"]["phase"] == "Running"
     kube.delete(f"/api/v1/namespaces/{NS}/pods/argsonly-coordinator-0", grace=0)
 
@@ -87,7 +78,7 @@ def test_args_alone_run_and_their_exit_code_counts(kube):
         p = _pod(kube, "exits-three")
         return p if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed") else None
 
-    p = _wait(finished, 30, "the args-only pod to finish")
+    p = wait_until(finished, 30, "the args-only pod to finish")
     assert p["status"]["phase"] == "Failed"
     assert p["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 3
 
@@ -106,7 +97,7 @@ def test_a_container_without_command_or_args_says_what_to_set(kube):
         statuses = (p.get("status") or {}).get("containerStatuses") or []
         return (statuses[0].get("state") or {}).get("waiting") if statuses else None
 
-    state = _wait(waiting, 30, "the container to wait with a reason")
+    state = wait_until(waiting, 30, "the container to wait with a reason")
     assert state["reason"] == "CreateContainerError"
     assert "neither command nor args" in state["message"] and "set args" in state["message"]
     kube.delete(f"/api/v1/namespaces/{NS}/pods/no-argv", grace=0)

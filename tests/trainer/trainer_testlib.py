@@ -8,11 +8,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from ftjob_local.procs import kill_tree as kubelet_kill_tree
+from support.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -105,21 +105,15 @@ def log_of(p: subprocess.Popen) -> str:
 
 
 def wait_for(pred, *, timeout: float, proc: subprocess.Popen | None = None, what: str = "condition"):
-    """Poll pred() until it returns a truthy value; fail early if proc exits first."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            value = pred()
-            if value:
-                return value
-            pytest.fail(f"process exited with {proc.returncode} before {what}:\n{log_of(proc)[-4000:]}")
-        time.sleep(0.05)
-    pytest.fail(
-        f"timed out after {timeout}s waiting for {what}" + (f":\n{log_of(proc)[-4000:]}" if proc else "")
-    )
+    """support.wait_until that fails early, with the process's log, if proc exits first."""
+
+    def exited() -> str | None:
+        return None if proc is None or proc.poll() is None else f"the process exited with {proc.returncode}"
+
+    def log_tail() -> str:
+        return log_of(proc)[-4000:] if proc is not None else ""
+
+    return wait_until(pred, timeout, what, interval=0.05, diagnose=log_tail, give_up=exited)
 
 
 def finish(p: subprocess.Popen, timeout: float = 120) -> int:
