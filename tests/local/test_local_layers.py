@@ -1,7 +1,8 @@
 """The local cluster's import graph: layers only point down and there are no cycles (read from the sources' ast).
 
 Bottom to top (docs/INTERFACES.md): procs, layout -> client -> objects -> the node's parts (kubelet/, scheduler,
-netproxy, preempt) -> node/ (the node agent) -> cluster -> cli, demo. The API server (apiserver/) is its own stack
+netproxy, preempt) -> node/ (the node agent) -> cluster -> the demo's parts (session, timeline, demo_render)
+-> cli, demo. The API server (apiserver/) is its own stack
 on the bottom layer. Every import statement counts, also one inside a function.
 """
 
@@ -24,8 +25,11 @@ LAYERS = {
     "preempt": 3,
     "node": 4,
     "cluster": 5,
-    "cli": 6,
-    "demo": 6,
+    "session": 6,
+    "timeline": 6,
+    "demo_render": 6,
+    "cli": 7,
+    "demo": 7,
     "apiserver": 3,
 }
 
