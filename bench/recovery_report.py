@@ -55,7 +55,7 @@ def _verdict(met: bool | None) -> str:
     return {True: "met", False: "**NOT met**", None: "n/a"}[met]
 
 
-def markdown(result: dict) -> str:
+def markdown(result: dict, remarks: list[str] | None = None) -> str:
     cfg, m = result["config"], result["machine"]
     lines = [
         "## Recovery at GPU scale (`bench/recovery_gpu.py`)",
@@ -111,7 +111,8 @@ def markdown(result: dict) -> str:
         for p in done:
             d = result["phases"][p]
             save = d.get("stop_save") or {}
-            notes = [f"page cache {d.get('page_cache')}"]
+            cache = d.get("page_cache") or "?"
+            notes = [f"page cache {cache}" if cache.startswith("warm") else f"page cache dropped ({cache})"]
             if save:
                 notes.append(
                     f"stop save of step {save['step']}: {_s(save.get('started_to_committed_s'))} s from its start to "
@@ -125,13 +126,14 @@ def markdown(result: dict) -> str:
                     f"{d['torchrun_launched_s']:.2f} s (page cache drop {d['cache_drop_s']:.2f} s)"
                 )
             lines.append(f"- {p}: " + "; ".join(notes) + ".")
-        lines.append("")
     for p, d in result["phases"].items():
         if "error" in d:
             lines.append(f"- {p}: **{d['error']}**")
     lines += ["", "| goal (issue 10) | this run | |", "|---|---|---|"]
     for goal, g in (result.get("goals") or {}).items():
         lines.append(f"| {goal} | {_s(g['value'])} | {_verdict(g['met'])} |")
+    if remarks:
+        lines += ["", *(f"- {remark}" for remark in remarks)]
     return "\n".join(lines) + "\n"
 
 
@@ -139,8 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("results", type=Path)
     p.add_argument("--write", type=Path, default=None, help="put the section into this RESULTS.md")
+    p.add_argument(
+        "--note", action="append", default=[], help="a remark listed under the tables (repeatable)"
+    )
     a = p.parse_args(argv)
-    text = markdown(json.loads(a.results.read_text()))
+    text = markdown(json.loads(a.results.read_text()), a.note)
     if a.write:
         from local_common import write_section
 
