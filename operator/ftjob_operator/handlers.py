@@ -28,6 +28,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import kopf
+from ftjob_trainer import contract
 
 from . import api, planner, render
 from . import conditions as cond
@@ -383,7 +384,7 @@ def _observe_recovery(
         return
     if is_.get("reason") != cond.REASON_RECOVERED:
         return
-    start = planner.parse_time(was.get("lastTransitionTime")) or now
+    start = contract.parse_time(was.get("lastTransitionTime")) or now
     notice = rt.notices.pop(key, None)
     if notice is not None and start - NOTICE_MEMORY < notice < start:
         start = notice

@@ -14,6 +14,16 @@ from ftjob_trainer import contract
 
 from . import api
 
+# The volume and env names every pod gets live in api.reserved, where the spec checks refuse them.
+from .api.reserved import (
+    CHECKPOINT_VOLUME,
+    ENV_COORDINATOR_ADDR,
+    ENV_DISABLE_SHARED_STORE,
+    ENV_MEMORY_CHECKPOINT_DIR,
+    SHM_PATH,
+    SHM_VOLUME,
+)
+
 # --- labels (docs/INTERFACES.md) -------------------------------------------------------------------------------
 LABEL_NAME = "app.kubernetes.io/name"
 LABEL_INSTANCE = "app.kubernetes.io/instance"
@@ -29,39 +39,12 @@ ROLE_COORDINATOR = "coordinator"
 ANNOTATION_CHECKPOINT_REQUEST = "ftjob.dev/checkpoint-request"
 
 TOKEN_KEY = "token"
-CHECKPOINT_VOLUME = "ftjob-checkpoints"
-SHM_VOLUME = "ftjob-dshm"
 WORKER_CONTAINER = "trainer"
 COORDINATOR_CONTAINER = "coordinator"
 # torchrun restarts its workers after every membership change and preemption save; a failure inside the pod
 # ends the agent only once these are spent, so the number is large (the operator's failure budget governs).
 TORCHRUN_MAX_RESTARTS = 1_000_000
-ENV_COORDINATOR_ADDR = "FTJOB_COORDINATOR_ADDR"
-ENV_DISABLE_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
-ENV_MEMORY_CHECKPOINT_DIR = "FTJOB_MEMORY_CHECKPOINT_DIR"  # the trainer's --memory-checkpoint-dir
-SHM_PATH = "/dev/shm"
 MEMORY_CHECKPOINT_DIR = f"{SHM_PATH}/ftjob-checkpoints"  # on the ftjob-dshm volume: one per pod
-
-# Env names the operator sets on workers: the pod template may not override them.
-RESERVED_ENV = frozenset(
-    {
-        "POD_IP",
-        "POD_NAME",
-        "NODE_NAME",
-        ENV_COORDINATOR_ADDR,
-        contract.ENV_COORDINATOR_URL,
-        contract.ENV_TOKEN,
-        contract.ENV_JOB_NAME,
-        contract.ENV_NAMESPACE,
-        "FTJOB_CHECKPOINT_DIR",
-        "FTJOB_CHECKPOINT_EVERY",
-        "FTJOB_KEEP_LAST",
-        ENV_MEMORY_CHECKPOINT_DIR,
-        contract.ENV_SAVE_DEADLINE,
-        ENV_DISABLE_SHARED_STORE,
-    }
-)
-RESERVED_VOLUMES = frozenset({CHECKPOINT_VOLUME, SHM_VOLUME})
 
 # The trainer image's user (trainer_image/Dockerfile: USER 10001:10001); fsGroup makes claims writable by it.
 TRAINER_UID = 10001

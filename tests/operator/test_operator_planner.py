@@ -9,6 +9,7 @@ import pytest
 from ftjob_operator import api, planner
 from ftjob_operator import conditions as cond
 from ftjob_operator.planner import Create, Delete, Event, Observed, RequestCheckpoint, plan
+from ftjob_trainer import contract
 from tj_builders import NOW, UID, Store, at, converge, job, node, pod, running_observed, service
 
 
@@ -300,7 +301,7 @@ def test_a_pod_on_a_vanished_node_is_force_deleted_once_counted():
     second = plan(store.observe(), at(1))
     assert Delete("Pod", victim) in second.actions  # graceful first: it may still be saving
     store.apply(second)
-    store.pods[victim]["metadata"]["deletionTimestamp"] = planner.fmt_time(at(20))  # its grace ends then
+    store.pods[victim]["metadata"]["deletionTimestamp"] = contract.format_time(at(20))  # its grace ends then
     assert not plan(store.observe(), at(19)).of(Delete)
     # No kubelet finishes the graceful delete on a vanished node: remove the object once the grace is over.
     assert Delete("Pod", victim, 0) in plan(store.observe(), at(20)).actions
@@ -353,7 +354,7 @@ def test_failure_restarts_the_job_after_backoff_with_a_new_generation(exit_code,
     assert st["phase"] == "Restarting" and not p.of(Create) and not p.of(Delete)  # deletes wait for the write
     assert st["lastFailure"]["pod"] == victim
     assert condition(st, "Restarting")["status"] == "True"
-    until = planner.parse_time(st["backoffUntil"])
+    until = contract.parse_time(st["backoffUntil"])
     assert 8 <= (until - NOW).total_seconds() <= 10  # base 10 s, jitter 0.2
     store.apply(p)
     p2 = plan(store.observe(), at(1))

@@ -14,6 +14,7 @@ import pytest
 from ftjob_operator import conditions as cond
 from ftjob_operator import planner
 from ftjob_operator.planner import Event, plan
+from ftjob_trainer import contract
 from ftjob_trainer.coordinator import State
 from tj_builders import NOW, Store, at, job
 
@@ -83,7 +84,7 @@ def test_a_reported_error_is_a_failure_that_restarts_the_job_after_the_backoff()
     assert st["lastFailure"]["pod"] == victim and st["lastFailure"]["exitCode"] == 1
     assert st["lastFailure"]["reason"] == planner.REASON_TRAINER_ERROR
     assert st["lastFailure"]["message"] == "rank 1 after step 41: RuntimeError: loss is NaN"
-    until = planner.parse_time(st["backoffUntil"])
+    until = contract.parse_time(st["backoffUntil"])
     assert 8 <= (until - at(1)).total_seconds() <= 10  # base 10 s, jitter 0.2
     assert [e.reason for e in p.of(Event)] == [cond.REASON_WORKER_FAILED, cond.REASON_RESTART_BACKOFF]
     # The old generation goes, no new pod before the backoff ends, then a new generation runs.

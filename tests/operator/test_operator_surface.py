@@ -10,7 +10,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from ftjob_operator import api, cli, crd, planner
+from ftjob_operator import api, cli, crd
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -232,7 +232,7 @@ def test_examples_are_valid_jobs(path):
     for doc in jobs:
         jsonschema.Draft4Validator(schema).validate(doc)
         spec = api.parse_spec(doc["spec"])
-        assert planner.spec_problems(doc["metadata"]["name"], spec) == []
+        assert api.spec_problems(doc["metadata"]["name"], spec) == []
 
 
 def test_local_tiny_example_is_small():

@@ -1,80 +1,19 @@
-"""The `ftjob.dev/v1alpha1` `TrainingJob` API: pydantic models that are the single source of truth.
-
-`crd.py` generates the CRD's openAPIV3Schema from these models; the planner parses a job's spec and status with
-them. Every field's description starts with its JSON name (JobSet's habit). Kubernetes sub-objects that ftjob only
-passes through (resources, tolerations, affinity, env, volumes, securityContext) stay free-form objects, marked
-with `x-kubernetes-preserve-unknown-fields`; what ftjob itself reads is modelled and validated here.
-"""
+"""`spec`: what a TrainingJob asks for. Every field's description starts with its JSON name (JobSet's habit)."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field, model_validator
 
-GROUP = "ftjob.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "TrainingJob"
-PLURAL = "trainingjobs"
-SINGULAR = "trainingjob"
-SHORT_NAMES = ["tj"]
-LIST_KIND = "TrainingJobList"
-
-# The job name becomes the Service `<job>-coordinator`, a DNS-1035 label of at most 63 characters.
-MAX_JOB_NAME_LENGTH = 63 - len("-coordinator")
-JOB_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
-
-# The built-in trainer, as torchrun launches it on every worker.
-DEFAULT_TRAINER_COMMAND = ["-m", "ftjob_trainer.train"]
-
-PRESERVE = {"x-kubernetes-preserve-unknown-fields": True}
-FREE_OBJECT: dict[str, Any] = {"type": "object", **PRESERVE}
+from .base import Model, cel_rules, free_list, free_object, sub_object
 
 
-def _rules(*rules: tuple[str, str]) -> dict[str, Any]:
-    """CEL rules for `x-kubernetes-validations`: (rule, message) pairs."""
-    return {"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]}
-
-
-def _sub(model: type[BaseModel], description: str) -> Any:
-    """A nested object that defaults to `{}` so the API server fills in its own defaults."""
-    return Field(default_factory=model, description=description, json_schema_extra={"default": {}})
-
-
-def _free(description: str) -> Any:
-    """A free-form Kubernetes object ftjob passes through unchanged."""
-    return Field(default=None, description=description, json_schema_extra=PRESERVE)
-
-
-def _free_list(description: str) -> Any:
-    """A list of free-form Kubernetes objects (each item must still be an object)."""
-    return Field(default=None, description=description, json_schema_extra={"items": FREE_OBJECT})
-
-
-class _Model(BaseModel):
-    """camelCase on the wire, snake_case in Python; unknown fields are an error (the CRD prunes them anyway)."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
-
-    def to_json(self) -> dict[str, Any]:
-        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
-
-
-class _StatusModel(_Model):
-    """Status parts: a status written by a newer operator (a rollback) may hold fields this one does not know.
-    Ignoring them keeps the counters; rejecting the whole status would lose them."""
-
-    model_config = ConfigDict(extra="ignore")
-
-
-# --------------------------------------------------------------------------------------------------- spec
-class WorkersSpec(_Model):
+class WorkersSpec(Model):
     """How many worker pods (torchrun agents, one per node) the job runs."""
 
     model_config = ConfigDict(
-        json_schema_extra=_rules(
+        json_schema_extra=cel_rules(
             ("self.min <= self.max", "spec.workers.min must be <= spec.workers.max"),
             (
                 "!has(self.replicas) || (self.replicas >= self.min && self.replicas <= self.max)",
@@ -120,7 +59,7 @@ class WorkersSpec(_Model):
         return self.max if self.replicas is None else self.replicas
 
 
-class PersistentVolumeClaimRef(_Model):
+class PersistentVolumeClaimRef(Model):
     """A PVC shared by every worker."""
 
     claim_name: str = Field(
@@ -128,7 +67,7 @@ class PersistentVolumeClaimRef(_Model):
     )
 
 
-class HostPathRef(_Model):
+class HostPathRef(Model):
     """A directory on the node (single-node clusters, the local cluster, tests)."""
 
     path: str = Field(
@@ -143,18 +82,18 @@ class HostPathRef(_Model):
     )
 
 
-class EmptyDirRef(_Model):
+class EmptyDirRef(Model):
     """A per-pod scratch directory: survives torchrun restarts inside a pod, not a replaced pod."""
 
     medium: Literal["", "Memory"] = Field("", description="medium is empty (node disk) or Memory (tmpfs).")
     size_limit: str | None = Field(None, description="sizeLimit is a quantity such as 10Gi.")
 
 
-class CheckpointVolume(_Model):
+class CheckpointVolume(Model):
     """Where checkpoints live: exactly one of persistentVolumeClaim, hostPath, emptyDir."""
 
     model_config = ConfigDict(
-        json_schema_extra=_rules(
+        json_schema_extra=cel_rules(
             (
                 "(has(self.persistentVolumeClaim) ? 1 : 0) + (has(self.hostPath) ? 1 : 0) + "
                 "(has(self.emptyDir) ? 1 : 0) == 1",
@@ -184,7 +123,7 @@ class CheckpointVolume(_Model):
         return self
 
 
-class MemoryTierSpec(_Model):
+class MemoryTierSpec(Model):
     """The node-local memory tier: every save lands in the worker pod's /dev/shm volume first (seconds), the
     checkpoint volume gets the durable copy in the background, and a worker restarted in the same pod reads its
     own files back from memory."""
@@ -204,7 +143,7 @@ class MemoryTierSpec(_Model):
     )
 
 
-class CheckpointSpec(_Model):
+class CheckpointSpec(Model):
     """Checkpoint storage and cadence (the trainer saves; the operator mounts and asks)."""
 
     volume: CheckpointVolume = Field(
@@ -247,7 +186,7 @@ class CheckpointSpec(_Model):
     )
 
 
-class PreemptionSpec(_Model):
+class PreemptionSpec(Model):
     """Preemption handling. torchrun's --shutdown-timeout and the trainer's save deadline derive from the grace period."""
 
     grace_period_seconds: int = Field(
@@ -269,7 +208,7 @@ class PreemptionSpec(_Model):
     )
 
 
-class FailurePolicySpec(_Model):
+class FailurePolicySpec(Model):
     """Failures (the trainer exited non-zero on its own, OOM, bad image) restart the job after a backoff."""
 
     max_failures: int = Field(
@@ -302,7 +241,7 @@ class FailurePolicySpec(_Model):
         return self
 
 
-class RendezvousSpec(_Model):
+class RendezvousSpec(Model):
     """c10d rendezvous timing (torchrun --rdzv-conf); these shape how fast training resumes after a loss."""
 
     last_call_timeout_seconds: int = Field(
@@ -325,7 +264,7 @@ class RendezvousSpec(_Model):
     )
 
 
-class TrainerSpec(_Model):
+class TrainerSpec(Model):
     """Settings of the built-in trainer (ftjob_trainer.train), passed as FTJOB_* environment."""
 
     model: str = Field("tiny", min_length=1, description="model is the built-in preset: tiny, 125m or 1b.")
@@ -351,27 +290,27 @@ class TrainerSpec(_Model):
     )
 
 
-class SchedulingSpec(_Model):
+class SchedulingSpec(Model):
     """Where pods of one role run."""
 
     node_selector: dict[str, str] | None = Field(None, description="nodeSelector is the pods' nodeSelector.")
-    tolerations: list[dict[str, Any]] | None = _free_list(
+    tolerations: list[dict[str, Any]] | None = free_list(
         "tolerations are the pods' tolerations (core/v1 Toleration)."
     )
-    affinity: dict[str, Any] | None = _free("affinity is the pods' affinity (core/v1 Affinity).")
+    affinity: dict[str, Any] | None = free_object("affinity is the pods' affinity (core/v1 Affinity).")
     priority_class_name: str | None = Field(None, description="priorityClassName is the pods' PriorityClass.")
 
 
-class SchedulingRoles(_Model):
+class SchedulingRoles(Model):
     """Scheduling for workers and for the coordinator, separately (e.g. workers on spot, coordinator on-demand)."""
 
-    workers: SchedulingSpec = _sub(SchedulingSpec, "workers is the scheduling of worker pods.")
-    coordinator: SchedulingSpec = _sub(
+    workers: SchedulingSpec = sub_object(SchedulingSpec, "workers is the scheduling of worker pods.")
+    coordinator: SchedulingSpec = sub_object(
         SchedulingSpec, "coordinator is the scheduling of the coordinator pod."
     )
 
 
-class PodTemplateSpec(_Model):
+class PodTemplateSpec(Model):
     """The escape hatch: additions to every pod ftjob renders (env and mounts go to workers only)."""
 
     labels: dict[str, str] | None = Field(
@@ -380,31 +319,29 @@ class PodTemplateSpec(_Model):
         json_schema_extra={"maxProperties": 64},
     )
     annotations: dict[str, str] | None = Field(None, description="annotations are added to every pod.")
-    env: list[dict[str, Any]] | None = _free_list(
+    env: list[dict[str, Any]] | None = free_list(
         "env is extra worker environment (core/v1 EnvVar; FTJOB_* names the operator sets are reserved)."
     )
-    volumes: list[dict[str, Any]] | None = _free_list(
-        "volumes are extra worker pod volumes (core/v1 Volume)."
-    )
-    volume_mounts: list[dict[str, Any]] | None = _free_list(
+    volumes: list[dict[str, Any]] | None = free_list("volumes are extra worker pod volumes (core/v1 Volume).")
+    volume_mounts: list[dict[str, Any]] | None = free_list(
         "volumeMounts are extra worker container mounts (core/v1 VolumeMount)."
     )
-    security_context: dict[str, Any] | None = _free(
+    security_context: dict[str, Any] | None = free_object(
         "securityContext replaces the containers' default (non-root, no privilege escalation, drop ALL)."
     )
-    pod_security_context: dict[str, Any] | None = _free(
+    pod_security_context: dict[str, Any] | None = free_object(
         "podSecurityContext replaces the pods' default (runAsNonRoot, uid/gid/fsGroup 10001 as in the trainer "
         "image, seccomp RuntimeDefault)."
     )
     service_account_name: str | None = Field(
         None, description="serviceAccountName is the pods' service account."
     )
-    image_pull_secrets: list[dict[str, Any]] | None = _free_list(
+    image_pull_secrets: list[dict[str, Any]] | None = free_list(
         "imagePullSecrets are the pods' pull secrets."
     )
 
 
-class TrainingJobSpec(_Model):
+class TrainingJobSpec(Model):
     """The desired state of a TrainingJob."""
 
     image: str | None = Field(
@@ -422,23 +359,25 @@ class TrainingJobSpec(_Model):
         "unset means the built-in trainer (-m ftjob_trainer.train).",
     )
     args: list[str] | None = Field(None, description="args are appended after command.")
-    workers: WorkersSpec = _sub(WorkersSpec, "workers is the elastic worker count.")
+    workers: WorkersSpec = sub_object(WorkersSpec, "workers is the elastic worker count.")
     processes_per_worker: int = Field(
         1, ge=1, le=64, description="processesPerWorker is ranks per worker pod (torchrun --nproc-per-node)."
     )
-    resources: dict[str, Any] | None = _free(
+    resources: dict[str, Any] | None = free_object(
         "resources are the worker containers' resources (core/v1 ResourceRequirements)."
     )
-    coordinator_resources: dict[str, Any] | None = _free(
+    coordinator_resources: dict[str, Any] | None = free_object(
         "coordinatorResources are the coordinator container's resources."
     )
-    checkpoint: CheckpointSpec = _sub(CheckpointSpec, "checkpoint is storage and cadence of checkpoints.")
-    preemption: PreemptionSpec = _sub(PreemptionSpec, "preemption is notice and grace handling.")
-    failure_policy: FailurePolicySpec = _sub(
+    checkpoint: CheckpointSpec = sub_object(
+        CheckpointSpec, "checkpoint is storage and cadence of checkpoints."
+    )
+    preemption: PreemptionSpec = sub_object(PreemptionSpec, "preemption is notice and grace handling.")
+    failure_policy: FailurePolicySpec = sub_object(
         FailurePolicySpec, "failurePolicy is the failure budget and backoff."
     )
-    rendezvous: RendezvousSpec = _sub(RendezvousSpec, "rendezvous is torchrun's c10d timing.")
-    trainer: TrainerSpec = _sub(TrainerSpec, "trainer is the built-in trainer's settings.")
+    rendezvous: RendezvousSpec = sub_object(RendezvousSpec, "rendezvous is torchrun's c10d timing.")
+    trainer: TrainerSpec = sub_object(TrainerSpec, "trainer is the built-in trainer's settings.")
     suspend: bool = Field(
         False,
         description="suspend checkpoints, deletes the pods and keeps the job; false again resumes from the checkpoint.",
@@ -450,13 +389,15 @@ class TrainingJobSpec(_Model):
         "All",
         description="cleanPodPolicy: All deletes finished pods when the job ends; None keeps them (logs).",
     )
-    scheduling: SchedulingRoles = _sub(SchedulingRoles, "scheduling is placement of workers and coordinator.")
-    pod_template: PodTemplateSpec = _sub(
+    scheduling: SchedulingRoles = sub_object(
+        SchedulingRoles, "scheduling is placement of workers and coordinator."
+    )
+    pod_template: PodTemplateSpec = sub_object(
         PodTemplateSpec, "podTemplate adds labels, env, volumes, security settings."
     )
 
     model_config = ConfigDict(
-        json_schema_extra=_rules(
+        json_schema_extra=cel_rules(
             (
                 "self.failurePolicy.backoffBaseSeconds <= self.failurePolicy.backoffMaxSeconds",
                 "spec.failurePolicy.backoffBaseSeconds must be <= backoffMaxSeconds",
@@ -467,210 +408,3 @@ class TrainingJobSpec(_Model):
             ),
         )
     )
-
-
-# ------------------------------------------------------------------------------------------------- status
-ConditionType = Literal[
-    "Created", "Running", "Restarting", "Preempted", "Suspended", "Succeeded", "Failed", "InvalidSpec"
-]
-CONDITION_TYPES: tuple[str, ...] = ConditionType.__args__  # type: ignore[attr-defined]
-Phase = Literal[
-    "Pending", "Running", "Restarting", "Suspending", "Suspended", "Succeeded", "Failed", "Invalid"
-]
-PHASES: tuple[str, ...] = Phase.__args__  # type: ignore[attr-defined]
-FINISHED_PHASES = ("Succeeded", "Failed")
-
-
-class Condition(_StatusModel):
-    """A metav1.Condition."""
-
-    type: ConditionType = Field(..., description="type of the condition.")
-    status: Literal["True", "False", "Unknown"] = Field(..., description="status is True, False or Unknown.")
-    reason: str = Field(..., min_length=1, description="reason is a CamelCase word for the last transition.")
-    message: str = Field("", description="message says what happened, for humans.")
-    last_transition_time: str = Field(
-        ...,
-        description="lastTransitionTime is when status last changed.",
-        json_schema_extra={"format": "date-time"},
-    )
-    observed_generation: int | None = Field(
-        None, description="observedGeneration is the spec generation it describes."
-    )
-
-
-class WorkersStatus(_StatusModel):
-    """Worker counts."""
-
-    desired: int = Field(0, description="desired is the worker count the operator keeps (replicas or max).")
-    active: int = Field(0, description="active is worker pods that exist and are not lost.")
-    ready: int = Field(0, description="ready is active workers that are running.")
-
-
-class CheckpointStatus(_StatusModel):
-    """The newest committed checkpoint the coordinator reported."""
-
-    step: int = Field(..., description="step of the checkpoint.")
-    time: str | None = Field(
-        None, description="time the checkpoint was committed.", json_schema_extra={"format": "date-time"}
-    )
-    path: str | None = Field(None, description="path of the checkpoint directory inside the pods.")
-
-
-class FailureStatus(_StatusModel):
-    """What the last failure was (the Failed condition's message repeats it)."""
-
-    pod: str = Field(..., description="pod that failed.")
-    exit_code: int | None = Field(None, description="exitCode of its container.")
-    reason: str | None = Field(None, description="reason Kubernetes or the trainer gave.")
-    message: str | None = Field(None, description="message is the trainer's termination message.")
-    time: str | None = Field(
-        None, description="time the failure was counted.", json_schema_extra={"format": "date-time"}
-    )
-
-
-def _names(description: str) -> Any:
-    return Field(
-        default_factory=list, description=description, json_schema_extra={"x-kubernetes-list-type": "set"}
-    )
-
-
-class TrainingJobStatus(_StatusModel):
-    """The observed state, written only by the operator. Counters live here so an operator restart loses nothing."""
-
-    phase: Phase | None = Field(None, description="phase is a one-word summary of the conditions.")
-    conditions: list[Condition] = Field(
-        default_factory=list,
-        description="conditions are the latest observations (metav1.Condition).",
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-    )
-    observed_generation: int | None = Field(
-        None, description="observedGeneration is the last spec generation planned."
-    )
-    workers: WorkersStatus = Field(default_factory=WorkersStatus, description="workers are worker counts.")
-    selector: str | None = Field(
-        None, description="selector is the label selector of worker pods (scale subresource)."
-    )
-    preemptions: int = Field(
-        0, description="preemptions counts pods lost to preemption, eviction or node loss."
-    )
-    failures: int = Field(
-        0, description="failures counts pods that failed on their own (the failure budget)."
-    )
-    restarts: int = Field(0, description="restarts counts job restarts after failures.")
-    last_checkpoint: CheckpointStatus | None = Field(
-        None, description="lastCheckpoint is the newest committed checkpoint."
-    )
-    step: int | None = Field(None, description="step is the newest training step the coordinator reported.")
-    image: str | None = Field(
-        None,
-        description="image is the trainer image the pods run: spec.image, or the operator's default trainer image "
-        "when spec.image is unset (kept from then on, so a new operator default does not restart a running job).",
-    )
-    start_time: str | None = Field(
-        None,
-        description="startTime is when the first pods were created.",
-        json_schema_extra={"format": "date-time"},
-    )
-    completion_time: str | None = Field(
-        None,
-        description="completionTime is when the job Succeeded or Failed.",
-        json_schema_extra={"format": "date-time"},
-    )
-    last_failure: FailureStatus | None = Field(None, description="lastFailure is the last counted failure.")
-    # Bookkeeping that keeps the planner idempotent across operator restarts.
-    restart_generation: int = Field(
-        0,
-        description="restartGeneration labels the current set of pods; bumped by failure restarts and suspend.",
-    )
-    next_pod_index: int = Field(0, description="nextPodIndex numbers the next pod (names are never reused).")
-    backoff_until: str | None = Field(
-        None,
-        description="backoffUntil is when the pending failure restart may create pods.",
-        json_schema_extra={"format": "date-time"},
-    )
-    pod_template_hash: str | None = Field(
-        None,
-        description="podTemplateHash digests the spec the current pods were rendered from (a change restarts them).",
-    )
-    handled_checkpoint_request: str | None = Field(
-        None,
-        description="handledCheckpointRequest is the ftjob.dev/checkpoint-request value already asked for.",
-    )
-    suspend_requested_at: str | None = Field(
-        None,
-        description="suspendRequestedAt is when suspend asked for its checkpoint.",
-        json_schema_extra={"format": "date-time"},
-    )
-    coordinator_lost_at: str | None = Field(
-        None,
-        description="coordinatorLostAt is when the coordinator was last lost (workers failing soon after are not blamed).",
-        json_schema_extra={"format": "date-time"},
-    )
-    last_preemption_time: str | None = Field(
-        None,
-        description="lastPreemptionTime is when a preemption was last counted (trainer errors reported soon after are "
-        "its consequence, not failures).",
-        json_schema_extra={"format": "date-time"},
-    )
-    handled_error_id: int = Field(
-        0,
-        description="handledErrorId is the newest trainer error report (the coordinator's errors[].id) already "
-        "counted as a failure or set aside (a report is never looked at twice).",
-    )
-    known_pods: list[str] = _names(
-        "knownPods are current pods seen alive at the last plan (a vanished one counts as lost)."
-    )
-    retired_pods: list[str] = _names(
-        "retiredPods are pods already counted as lost or removed on purpose (never counted twice)."
-    )
-    pending_pods: list[str] = _names(
-        "pendingPods are pods created but not yet seen in a list (their create is re-issued, never a second pod)."
-    )
-    noticed_pods: list[str] = _names(
-        "noticedPods are pods whose termination notice already triggered a checkpoint request."
-    )
-
-
-class TrainingJob(_Model):
-    """A preemption-safe elastic PyTorch training job."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        json_schema_extra=_rules(
-            (
-                f"size(self.metadata.name) <= {MAX_JOB_NAME_LENGTH}",
-                f"metadata.name must be at most {MAX_JOB_NAME_LENGTH} characters (it names the Service <name>-coordinator)",
-            ),
-            (
-                f"self.metadata.name.matches('{JOB_NAME_PATTERN}')",
-                "metadata.name must be a DNS-1035 label: lowercase letters, digits and '-', starting with a letter",
-            ),
-        ),
-    )
-
-    api_version: Literal["ftjob.dev/v1alpha1"] = Field(
-        API_VERSION, description="apiVersion is ftjob.dev/v1alpha1."
-    )
-    kind: Literal["TrainingJob"] = Field(KIND, description="kind is TrainingJob.")
-    metadata: dict[str, Any] = Field(
-        default_factory=dict, description="metadata is the standard object metadata."
-    )
-    spec: TrainingJobSpec = Field(..., description="spec is the desired state.")
-    status: TrainingJobStatus | None = Field(None, description="status is the observed state.")
-
-
-# Status fields the scale subresource and printer columns point at (crd.py and the surface test use them).
-SPEC_REPLICAS_PATH = ".spec.workers.replicas"
-STATUS_REPLICAS_PATH = ".status.workers.active"
-LABEL_SELECTOR_PATH = ".status.selector"
-
-
-def parse_spec(spec: dict[str, Any]) -> TrainingJobSpec:
-    """Validate a spec as the API server would after defaulting (pydantic fills the same defaults)."""
-    return TrainingJobSpec.model_validate(spec)
-
-
-def parse_status(status: dict[str, Any] | None) -> TrainingJobStatus:
-    return TrainingJobStatus.model_validate(status or {})
