@@ -9,7 +9,9 @@ import shutil
 
 import pytest
 import torch
-from ftjob_trainer.checkpoint import STAGED_ASYNC, Checkpointer, list_committed, non_data_values
+from ftjob_trainer.checkpoint import Checkpointer
+from ftjob_trainer.checkpoint_layout import list_committed
+from ftjob_trainer.checkpoint_staging import STAGED_ASYNC, non_data_values
 from ftjob_trainer.config import ModelConfig, OptimizerConfig, ParallelConfig
 from ftjob_trainer.engine import Engine, build_model, state_sha256
 

@@ -11,7 +11,8 @@ import time
 import pytest
 import torch
 from ftjob_trainer import contract, events
-from ftjob_trainer.checkpoint import STAGED_ASYNC, Checkpointer
+from ftjob_trainer.checkpoint import Checkpointer
+from ftjob_trainer.checkpoint_staging import STAGED_ASYNC
 from ftjob_trainer.config import ModelConfig, OptimizerConfig, ParallelConfig
 from ftjob_trainer.engine import Engine, build_model
 from trainer_testlib import TINY, events_of, finish, log_of, read_json, report_step, wait_for

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ftjob_trainer.checkpoint import Checkpointer, list_committed, needs_manual_param_reload
+from ftjob_trainer.checkpoint import Checkpointer, needs_manual_param_reload
+from ftjob_trainer.checkpoint_layout import list_committed
 from ftjob_trainer.config import ModelConfig, OptimizerConfig, ParallelConfig
 from ftjob_trainer.engine import Engine, build_model, state_sha256
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 
 import torch
-from ftjob_trainer.checkpoint import TRASH_PREFIX, Checkpointer, list_committed
+from ftjob_trainer.checkpoint import Checkpointer
+from ftjob_trainer.checkpoint_layout import TRASH_PREFIX, list_committed
 from ftjob_trainer.config import ModelConfig, OptimizerConfig, ParallelConfig
 from ftjob_trainer.engine import Engine, build_model
 

@@ -1,26 +1,15 @@
-"""Sharded, atomically committed DCP checkpoints with retention, fallback on bad loads and async saves.
-
-On disk, under --checkpoint-dir:
-  step-000000120/            committed: DCP shards + .metadata + ftjob.json (the loop's state) + rng-rank<r>.pt
-  .tmp-step-000000130/       a save in progress (or killed half-way): never loaded, never counted
-  .trash-step-000000100/     dropped by retention, being deleted in the background (or left by an exit: removed
-                             at the next start)
-  failed-step-000000110-<t>/ a committed checkpoint that failed to load, set aside as evidence (never deleted)
-A save writes into the tmp directory (DCP fsyncs every file and writes .metadata last), then rank 0 writes
-ftjob.json, fsyncs, and renames the directory: the rename is the commit. "Latest" is the newest committed step.
+"""Sharded, atomically committed DCP checkpoints across ranks: save (sync, or async with staging into host memory
+and a commit later), load the newest that loads (falling back together), and the events of both. The on-disk
+layout, the commit and retention are in checkpoint_layout.py; async staging is in checkpoint_staging.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
-import json
 import logging
 import os
-import re
 import shutil
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -32,98 +21,34 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from ftjob_trainer import contract, events
+from ftjob_trainer.checkpoint_layout import (
+    FAILED_PREFIX,
+    FORMAT,
+    Retention,
+    commit,
+    committed_name,
+    dir_bytes,
+    fsync_file,
+    list_committed,
+    remove_leftovers,
+    rng_file,
+    set_aside,
+    tmp_path,
+    validate,
+)
+from ftjob_trainer.checkpoint_staging import STAGED_ASYNC, non_data_values, state_nbytes
 from ftjob_trainer.contract import KIND_PERIODIC, TIER_DURABLE, now_rfc3339
+
+if STAGED_ASYNC:
+    from ftjob_trainer.checkpoint_staging import new_stager
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
-META_FILE = "ftjob.json"
-COMMITTED_RE = re.compile(r"^step-(\d{9})$")
-TMP_PREFIX = ".tmp-step-"
-TRASH_PREFIX = ".trash-step-"  # retention's victims, renamed first, deleted in the background
-FAILED_PREFIX = "failed-step-"
 MODEL_KEY, OPTIM_KEY = "model", "optim"  # top-level keys of the DCP state
-
-
-def committed_name(step: int) -> str:
-    return f"step-{step:09d}"
-
-
-def list_committed(root: str) -> list[tuple[int, str]]:
-    """Committed checkpoints, newest first. A directory counts only if its name says committed and it holds the
-    DCP .metadata and our ftjob.json (both written before the rename)."""
-    if not os.path.isdir(root):
-        return []
-    out = []
-    for name in os.listdir(root):
-        m = COMMITTED_RE.match(name)
-        path = os.path.join(root, name)
-        if (
-            m
-            and os.path.isfile(os.path.join(path, ".metadata"))
-            and os.path.isfile(os.path.join(path, META_FILE))
-        ):
-            out.append((int(m.group(1)), path))
-    return sorted(out, reverse=True)
-
-
-def retention_victims(committed: list[tuple[int, str]], keep_last: int) -> list[str]:
-    """Which committed checkpoints to delete: all but the newest keep_last (never the newest one)."""
-    return [path for _, path in committed[max(1, keep_last) :]]
-
-
-def validate(path: str) -> dict[str, Any]:
-    """Cheap checks before a collective load, identical on every rank (shared storage): metadata readable, every
-    shard file present and long enough, ftjob.json parseable. Raises CorruptCheckpoint saying what is wrong."""
-    try:
-        meta = json.load(open(os.path.join(path, META_FILE)))
-    except (OSError, ValueError) as e:
-        raise CorruptCheckpoint(f"{path}: {META_FILE} unreadable ({e})") from e
-    if meta.get("format") != FORMAT:
-        raise CorruptCheckpoint(f"{path}: format {meta.get('format')!r}, this trainer reads format {FORMAT}")
-    try:
-        md = FileSystemReader(path).read_metadata()
-    except Exception as e:  # noqa: BLE001 - any failure to parse means unusable
-        raise CorruptCheckpoint(f"{path}: DCP .metadata unreadable ({type(e).__name__}: {e})") from e
-    need: dict[str, int] = {}
-    for info in (md.storage_data or {}).values():
-        need[info.relative_path] = max(need.get(info.relative_path, 0), info.offset + info.length)
-    for rel, length in need.items():
-        f = os.path.join(path, rel)
-        if not os.path.isfile(f):
-            raise CorruptCheckpoint(f"{path}: shard {rel} is missing")
-        if os.path.getsize(f) < length:
-            raise CorruptCheckpoint(
-                f"{path}: shard {rel} is truncated ({os.path.getsize(f)} < {length} bytes)"
-            )
-    for r in range(int(meta.get("world_size") or 1)):  # each rank's RNG state, read by _restore_rng
-        f = os.path.join(path, f"rng-rank{r}.pt")
-        if not os.path.isfile(f) or os.path.getsize(f) == 0:
-            raise CorruptCheckpoint(f"{path}: rng-rank{r}.pt is missing or empty")
-    return meta
-
-
-class CorruptCheckpoint(RuntimeError):
-    pass
 
 
 class NothingLoadable(RuntimeError):
     """Committed checkpoints exist but none loaded: starting fresh would silently throw the job's work away."""
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_json_durable(path: str, doc: dict) -> None:
-    with open(path, "w") as f:
-        json.dump(doc, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 # --- the guard (the seed: verl's FSDP engine crashed saving FSDP2 + CPUOffloadPolicy) --------------------------
@@ -147,51 +72,6 @@ def params_on_device(engine: Any) -> Iterator[None]:
     finally:
         if move:
             engine.offload_params_to_host()  # back where the engine keeps them between steps
-
-
-# --- async save feature detection (torch 2.13 has staged async_save; torch 2.11 on the GPU machine may not) -------
-def _staged_async_supported() -> bool:
-    try:
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # noqa: F401
-        from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse  # noqa: F401
-    except ImportError:
-        return False
-    return "async_stager" in inspect.signature(dcp.async_save).parameters
-
-
-STAGED_ASYNC = _staged_async_supported()
-
-if STAGED_ASYNC:
-    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-    class ReusableStager(DefaultStager):
-        """DefaultStager that stays usable for every save of the job, so its pinned host buffers are allocated once.
-
-        torch 2.11's DefaultStager._stage() closes its StateDictStager after each staging: that drops the pinned
-        buffers and clears the deepcopy dispatch table, so the 2nd save fails (KeyError: <class 'type'>, the
-        first class met while copying any dict). torch 2.13 no longer does it. Same staging, without that close;
-        Checkpointer.close() releases the buffers at the end.
-
-        `ready` (a CUDA event recorded by the caller when the state is final) makes the copies wait for the kernels
-        that produce the state: the staging stream is a non-blocking one, and the optimizer step that precedes a
-        save is usually still running on the GPU when the CPU asks for the save."""
-
-        ready = None
-
-        def _stage(self, state_dict, **kwargs):
-            stager = self._state_dict_stager
-            if not self._config.use_non_blocking_copy:
-                if self.ready is not None:
-                    self.ready.synchronize()
-                return stager.stage(state_dict, non_blocking=False)
-            stream = self._staging_stream
-            with stream if stream is not None else contextlib.nullcontext():
-                if self.ready is not None:
-                    torch.cuda.current_stream().wait_event(self.ready)
-                staged = stager.stage(state_dict, non_blocking=True)
-            # the copies were only enqueued: wait for them before anyone reads the host buffers
-            stream.synchronize() if stream is not None else torch.accelerator.synchronize()
-            return staged
 
 
 @dataclasses.dataclass
@@ -232,7 +112,7 @@ class Checkpointer:
         self.last_committed: tuple[int, str] | None = None
         self.save_seconds: float | None = None  # measured: last save from start to commit
         self.save_phases: dict = {}
-        self._deleters: list[threading.Thread] = []
+        self.retention = Retention(root, keep_last) if root else None
         self.state_bytes = 0
         self.stager = None
         # DCP's collectives run on their own gloo group: an async save's background thread must not share a
@@ -241,12 +121,7 @@ class Checkpointer:
         if root:
             if rank == 0:
                 os.makedirs(root, exist_ok=True)
-                for name in os.listdir(root):
-                    if name.startswith(TMP_PREFIX):  # a save killed half-way: incomplete by construction
-                        log.warning("removing incomplete save %s (never committed)", name)
-                        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-                    elif name.startswith(TRASH_PREFIX):  # retention's deletion cut short by an exit
-                        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+                remove_leftovers(root)
             self._barrier()
             done = list_committed(root)
             self.last_committed = done[0] if done else None
@@ -261,16 +136,9 @@ class Checkpointer:
 
     def _get_stager(self):
         if self.stager is None:
-            cuda = torch.cuda.is_available()
-            # pinned host buffers are allocated by the first save and reused by every later one
-            self.stager = ReusableStager(
-                StagingOptions(
-                    use_pinned_memory=cuda,
-                    use_shared_memory=False,
-                    use_async_staging=True,
-                    use_non_blocking_copy=cuda,
-                )
-            )
+            self.stager = (
+                new_stager()
+            )  # its pinned buffers: allocated by the first save, reused by later ones
         return self.stager
 
     def warm_up(self):
@@ -326,7 +194,7 @@ class Checkpointer:
             return self.last_committed[1]  # this exact state is already committed
         self.drain()
         started = time.monotonic()
-        tmp = os.path.join(self.root, f"{TMP_PREFIX}{step:09d}")
+        tmp = tmp_path(self.root, step)
         if self.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
             os.makedirs(tmp)
@@ -334,10 +202,8 @@ class Checkpointer:
         rng = {"cpu": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state()
-        rng_file = os.path.join(tmp, f"rng-rank{self.rank}.pt")
-        torch.save(rng, rng_file)
-        with open(rng_file, "rb+") as f:
-            os.fsync(f.fileno())
+        torch.save(rng, rng_file(tmp, self.rank))
+        fsync_file(rng_file(tmp, self.rank))
         meta = dict(meta, format=FORMAT, step=step, world_size=self.world_size)
         # Several writer threads, each with its own file: one stream (DCP's default) left the disk half idle and
         # serialized the device-to-host copies with the writes (bench: 26 s for 11.4 GB on a 1.55 GB/s disk).
@@ -351,7 +217,7 @@ class Checkpointer:
                         "the checkpoint state may hold only tensors and plain data (the async stager deep-copies "
                         f"it); move these into the step's metadata or drop them: {bad[:5]}"
                     )
-                self.state_bytes = _nbytes(state)
+                self.state_bytes = state_nbytes(state)
             if STAGED_ASYNC:
                 # Sync saves (the preemption save) take the same path and wait: copying into the pinned buffers the
                 # periodic saves already hold beats DCP's pageable per-tensor copies in the writer threads.
@@ -446,25 +312,20 @@ class Checkpointer:
         final = os.path.join(self.root, committed_name(f.step))
         if self.rank == 0:
             elapsed = time.monotonic() - f.started
-            _write_json_durable(
-                os.path.join(f.tmp, META_FILE), dict(f.meta, time=now_rfc3339(), save_seconds=elapsed)
-            )
-            _fsync_dir(f.tmp)
-            os.rename(f.tmp, final)  # the commit
-            _fsync_dir(self.root)
+            commit(f.tmp, final, dict(f.meta, time=now_rfc3339(), save_seconds=elapsed))
             f.marks["committed"] = time.monotonic() - f.started
             # rank 0's rename is the commit: only it can say so (the other ranks may be ahead of it here)
             events.emit(
                 contract.EVENT_CHECKPOINT_COMMITTED,
                 step=f.step,
                 path=final,
-                bytes=_dir_bytes(final),
+                bytes=dir_bytes(final),
                 seconds=round(f.marks["committed"], 4),
                 kind=f.kind,
                 tier=TIER_DURABLE,
                 request_id=f.request_id,
             )
-            self._retain()
+            self.retention.apply()
         self.save_seconds = time.monotonic() - f.started
         f.marks["done"] = self.save_seconds
         # For a sync save, where its time went (cumulative seconds): state dict + submit, copy to host memory,
@@ -474,24 +335,9 @@ class Checkpointer:
         log.info("checkpoint step %d committed at %s in %.2fs", f.step, final, self.save_seconds)
         return f.step, final, f.request_id
 
-    def _retain(self) -> None:
-        """Retention off the save's critical path: a rename takes the victim out of the committed set at once, a
-        background thread deletes it (deleting 11 GB took 3.6 s of a 11 s preemption save on the H200 machine).
-        A deletion cut short by an exit leaves a .trash- directory that the next start removes."""
-        for victim in retention_victims(list_committed(self.root), self.keep_last):
-            log.info("retention: deleting %s (keeping the newest %d committed)", victim, self.keep_last)
-            trash = os.path.join(self.root, TRASH_PREFIX + os.path.basename(victim).removeprefix("step-"))
-            os.rename(victim, trash)
-            t = threading.Thread(
-                target=shutil.rmtree, args=(trash,), kwargs={"ignore_errors": True}, daemon=True
-            )
-            t.start()
-            self._deleters.append(t)
-        self._deleters = [t for t in self._deleters if t.is_alive()]
-
     def wait_for_retention(self, timeout: float | None = None) -> None:
-        for t in self._deleters:
-            t.join(timeout)
+        if self.retention is not None:
+            self.retention.wait(timeout)
 
     def estimate_save_seconds(self) -> float | None:
         return self.save_seconds
@@ -550,8 +396,7 @@ class Checkpointer:
             )
             self._barrier()
             if self.rank == 0:
-                aside = os.path.join(self.root, f"{FAILED_PREFIX}{step:09d}-{int(time.time())}")
-                os.rename(path, aside)
+                set_aside(self.root, path, step)
             self._barrier()
         if failures:
             raise NothingLoadable(
@@ -584,61 +429,15 @@ class Checkpointer:
         if "scheduler" in meta:
             self.engine.scheduler.load_state_dict(meta["scheduler"])
         self._restore_rng(path)
-        return _nbytes(state), read_seconds
+        return state_nbytes(state), read_seconds
 
     def _restore_rng(self, path: str) -> None:
-        own = os.path.join(path, f"rng-rank{self.rank}.pt")
-        f = (
-            own if os.path.exists(own) else os.path.join(path, "rng-rank0.pt")
-        )  # fewer ranks saved than now run
+        own = rng_file(path, self.rank)
+        f = own if os.path.exists(own) else rng_file(path, 0)  # fewer ranks saved than now run
         rng = torch.load(f, weights_only=True)
         torch.set_rng_state(rng["cpu"])
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state(rng["cuda"])
-
-
-PLAIN = (str, int, float, bool, type(None))
-
-
-def non_data_values(state: Any, path: str = "") -> list[str]:
-    """Where the state holds something other than tensors, plain scalars/strings and containers of them (a class,
-    a function, a dtype, an arbitrary object): such values do not belong in the part DCP stages and writes."""
-    if isinstance(state, torch.Tensor) or isinstance(state, PLAIN):
-        return []
-    if isinstance(state, dict):
-        out = []
-        for k, v in state.items():
-            if not isinstance(k, PLAIN):
-                out.append(f"{path}: key {k!r} ({type(k).__name__})")
-            out += non_data_values(v, f"{path}.{k}" if path else str(k))
-        return out
-    if isinstance(state, (list, tuple)):
-        return [p for i, v in enumerate(state) for p in non_data_values(v, f"{path}[{i}]")]
-    return [f"{path or '<root>'}: {type(state).__name__} {state!r:.80}"]
-
-
-def _nbytes(state: dict) -> int:
-    total = 0
-
-    def walk(v):
-        nonlocal total
-        if isinstance(v, torch.Tensor):
-            local = v.to_local() if hasattr(v, "to_local") else v
-            total += local.numel() * local.element_size()
-        elif isinstance(v, dict):
-            for x in v.values():
-                walk(x)
-        elif isinstance(v, (list, tuple)):
-            for x in v:
-                walk(x)
-
-    walk(state)
-    return total
-
-
-def _dir_bytes(path: str) -> int:
-    """The bytes of a checkpoint directory's files (every rank's shards)."""
-    return sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
 
 
 def _emit_staged(step: int, kind: str, started: float) -> None:

@@ -1,0 +1,180 @@
+"""The on-disk layout of --checkpoint-dir: names, the commit, the checks before a load, retention. No torch state
+here, no collectives: checkpoint.py orchestrates saves and loads across ranks on top of this.
+
+Under --checkpoint-dir:
+  step-000000120/            committed: DCP shards + .metadata + ftjob.json (the loop's state) + rng-rank<r>.pt
+  .tmp-step-000000130/       a save in progress (or killed half-way): never loaded, never counted
+  .trash-step-000000100/     dropped by retention, being deleted in the background (or left by an exit: removed
+                             at the next start)
+  failed-step-000000110-<t>/ a committed checkpoint that failed to load, set aside as evidence (never deleted)
+A save writes into the tmp directory (DCP fsyncs every file and writes .metadata last), then rank 0 writes
+ftjob.json, fsyncs, and renames the directory: the rename is the commit. "Latest" is the newest committed step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+from typing import Any
+
+from torch.distributed.checkpoint import FileSystemReader
+
+log = logging.getLogger("ftjob_trainer.checkpoint")  # the name people grep the log for
+
+FORMAT = 1
+META_FILE = "ftjob.json"
+COMMITTED_RE = re.compile(r"^step-(\d{9})$")
+TMP_PREFIX = ".tmp-step-"
+TRASH_PREFIX = ".trash-step-"  # retention's victims, renamed first, deleted in the background
+FAILED_PREFIX = "failed-step-"
+
+
+class CorruptCheckpoint(RuntimeError):
+    pass
+
+
+def committed_name(step: int) -> str:
+    return f"step-{step:09d}"
+
+
+def tmp_path(root: str, step: int) -> str:
+    return os.path.join(root, f"{TMP_PREFIX}{step:09d}")
+
+
+def rng_file(path: str, rank: int) -> str:
+    return os.path.join(path, f"rng-rank{rank}.pt")
+
+
+def list_committed(root: str) -> list[tuple[int, str]]:
+    """Committed checkpoints, newest first. A directory counts only if its name says committed and it holds the
+    DCP .metadata and our ftjob.json (both written before the rename)."""
+    if not os.path.isdir(root):
+        return []
+    out = []
+    for name in os.listdir(root):
+        m = COMMITTED_RE.match(name)
+        path = os.path.join(root, name)
+        if (
+            m
+            and os.path.isfile(os.path.join(path, ".metadata"))
+            and os.path.isfile(os.path.join(path, META_FILE))
+        ):
+            out.append((int(m.group(1)), path))
+    return sorted(out, reverse=True)
+
+
+def retention_victims(committed: list[tuple[int, str]], keep_last: int) -> list[str]:
+    """Which committed checkpoints to delete: all but the newest keep_last (never the newest one)."""
+    return [path for _, path in committed[max(1, keep_last) :]]
+
+
+def validate(path: str) -> dict[str, Any]:
+    """Cheap checks before a collective load, identical on every rank (shared storage): metadata readable, every
+    shard file present and long enough, ftjob.json parseable. Raises CorruptCheckpoint saying what is wrong."""
+    try:
+        meta = json.load(open(os.path.join(path, META_FILE)))
+    except (OSError, ValueError) as e:
+        raise CorruptCheckpoint(f"{path}: {META_FILE} unreadable ({e})") from e
+    if meta.get("format") != FORMAT:
+        raise CorruptCheckpoint(f"{path}: format {meta.get('format')!r}, this trainer reads format {FORMAT}")
+    try:
+        md = FileSystemReader(path).read_metadata()
+    except Exception as e:  # noqa: BLE001 - any failure to parse means unusable
+        raise CorruptCheckpoint(f"{path}: DCP .metadata unreadable ({type(e).__name__}: {e})") from e
+    need: dict[str, int] = {}
+    for info in (md.storage_data or {}).values():
+        need[info.relative_path] = max(need.get(info.relative_path, 0), info.offset + info.length)
+    for rel, length in need.items():
+        f = os.path.join(path, rel)
+        if not os.path.isfile(f):
+            raise CorruptCheckpoint(f"{path}: shard {rel} is missing")
+        if os.path.getsize(f) < length:
+            raise CorruptCheckpoint(
+                f"{path}: shard {rel} is truncated ({os.path.getsize(f)} < {length} bytes)"
+            )
+    for r in range(int(meta.get("world_size") or 1)):  # each rank's RNG state, read after the load
+        f = rng_file(path, r)
+        if not os.path.isfile(f) or os.path.getsize(f) == 0:
+            raise CorruptCheckpoint(f"{path}: rng-rank{r}.pt is missing or empty")
+    return meta
+
+
+def remove_leftovers(root: str) -> None:
+    """At start (rank 0): saves killed half-way and retention's deletions cut short by an exit."""
+    for name in os.listdir(root):
+        if name.startswith(TMP_PREFIX):  # incomplete by construction
+            log.warning("removing incomplete save %s (never committed)", name)
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        elif name.startswith(TRASH_PREFIX):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def fsync_file(path: str) -> None:
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_json_durable(path: str, doc: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def commit(tmp: str, final: str, meta: dict) -> None:
+    """Rank 0, once every rank's shards are written: ftjob.json, fsync, rename (the commit), fsync the parent."""
+    _write_json_durable(os.path.join(tmp, META_FILE), meta)
+    _fsync_dir(tmp)
+    os.rename(tmp, final)
+    _fsync_dir(os.path.dirname(final))
+
+
+def set_aside(root: str, path: str, step: int) -> str:
+    """A committed checkpoint that failed to load leaves the committed set, kept as evidence (rank 0)."""
+    aside = os.path.join(root, f"{FAILED_PREFIX}{step:09d}-{int(time.time())}")
+    os.rename(path, aside)
+    return aside
+
+
+def dir_bytes(path: str) -> int:
+    """The bytes of a checkpoint directory's files (every rank's shards)."""
+    return sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
+
+
+class Retention:
+    """Retention off the save's critical path: a rename takes a victim out of the committed set at once, a
+    background thread deletes it (deleting 11 GB took 3.6 s of a 11 s preemption save on the H200 machine).
+    A deletion cut short by an exit leaves a .trash- directory that the next start removes."""
+
+    def __init__(self, root: str, keep_last: int):
+        self.root, self.keep_last = root, keep_last
+        self._deleters: list[threading.Thread] = []
+
+    def apply(self) -> None:
+        for victim in retention_victims(list_committed(self.root), self.keep_last):
+            log.info("retention: deleting %s (keeping the newest %d committed)", victim, self.keep_last)
+            trash = os.path.join(self.root, TRASH_PREFIX + os.path.basename(victim).removeprefix("step-"))
+            os.rename(victim, trash)
+            t = threading.Thread(
+                target=shutil.rmtree, args=(trash,), kwargs={"ignore_errors": True}, daemon=True
+            )
+            t.start()
+            self._deleters.append(t)
+        self._deleters = [t for t in self._deleters if t.is_alive()]
+
+    def wait(self, timeout: float | None = None) -> None:
+        for t in self._deleters:
+            t.join(timeout)
