@@ -10,6 +10,7 @@ import copy
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from ftjob_operator import conditions as cond
 from ftjob_operator import planner, render
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
@@ -265,3 +266,35 @@ def converge(store: Store, now: datetime, passes: int = 6) -> planner.Plan:
             break
     assert last is not None
     return last
+
+
+# --- reading a plan --------------------------------------------------------------------------------------------
+def pods_created(p: planner.Plan) -> list[str]:
+    return [a.name for a in p.of(planner.Create) if a.kind == "Pod"]
+
+
+def reasons(p: planner.Plan) -> list[str]:
+    return [e.reason for e in p.of(planner.Event)]
+
+
+def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    c = cond.find(status.get("conditions", []), type_)
+    assert c is not None, f"no {type_} condition in {status.get('conditions')}"
+    return c
+
+
+def started(expect: int = 2, **spec_overrides: Any) -> Store:
+    """A job whose coordinator and workers are running (planned from scratch, not hand-written)."""
+    store = Store(job(**spec_overrides))
+    converge(store, NOW)
+    assert len(store.names("worker")) == expect, store.pods.keys()
+    return store
+
+
+def healthy_status() -> dict[str, Any]:
+    """The persisted status of a running job with tj-coordinator-0, tj-worker-1 and tj-worker-2."""
+    return {
+        "knownPods": ["tj-coordinator-0", "tj-worker-1", "tj-worker-2"],
+        "nextPodIndex": 3,
+        "startTime": "x",
+    }

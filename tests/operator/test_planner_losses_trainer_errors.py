@@ -1,4 +1,4 @@
-"""The planner counts trainer errors reported to the coordinator (POST /v1/error) as failures.
+"""Trainer errors reported to the coordinator (POST /v1/error) count as failures (losses.trainer_error).
 
 torchrun restarts a crashed trainer inside its pod (--max-restarts stays huge so that exit 75 always restarts), so
 the pod never fails; the error report in the coordinator's progress is the only sign. The progress documents here

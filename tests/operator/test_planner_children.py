@@ -1,0 +1,107 @@
+"""The children: what a pass creates and deletes (Secret, Service, coordinator, workers; scale; deferred deletes)."""
+
+from __future__ import annotations
+
+import pytest
+from ftjob_operator.planner import Create, Delete, Observed, plan
+from ftjob_trainer import contract
+from tj_builders import (
+    NOW,
+    Store,
+    at,
+    condition,
+    converge,
+    job,
+    node,
+    pods_created,
+    reasons,
+    service,
+    started,
+)
+
+
+def test_first_pass_creates_secret_and_service_then_pods_once_the_service_has_an_ip():
+    first = plan(Observed(job=job(), new_token="t0ken"), NOW)
+    assert sorted(a.kind for a in first.of(Create)) == ["Secret", "Service"]
+    assert first.requeue_after is not None
+
+    obs = Observed(job=job(status=first.status), service=service(), secret_exists=True, new_token="x")
+    second = plan(obs, NOW)
+    assert pods_created(second) == ["tj-coordinator-0", "tj-worker-1", "tj-worker-2"]
+    assert second.status["pendingPods"] == ["tj-coordinator-0", "tj-worker-1", "tj-worker-2"]
+    assert condition(second.status, "Created")["status"] == "True"
+    assert second.status["startTime"] == "2026-01-01T12:00:00Z"
+    assert "Created" in reasons(second)
+
+
+def test_service_without_cluster_ip_creates_no_workers():
+    p = plan(Observed(job=job(), service=service(ip=None), secret_exists=True), NOW)
+    assert pods_created(p) == []
+
+
+def test_a_stale_pod_list_reissues_the_same_creates_instead_of_new_pods():
+    store = Store(job())
+    store.apply(plan(store.observe(), NOW))  # secret + service
+    created = plan(store.observe(), NOW)
+    store.apply(created, apply_actions=False)  # status written, pods not (yet) visible
+    again = plan(store.observe(), NOW)
+    assert pods_created(again) == pods_created(created)
+    assert again.status["nextPodIndex"] == created.status["nextPodIndex"]
+
+
+@pytest.mark.parametrize(
+    "min_,max_,replicas,expected", [(1, 1, None, 1), (1, 3, None, 3), (1, 3, 2, 2), (2, 4, 4, 4)]
+)
+def test_elastic_worker_count(min_, max_, replicas, expected):
+    workers = {"min": min_, "max": max_} | ({"replicas": replicas} if replicas else {})
+    store = Store(job(workers=workers))
+    converge(store, NOW)
+    assert len(store.names("worker")) == expected
+    args = store.pods[store.names("worker")[0]]["spec"]["containers"][0]["args"]
+    assert f"--nnodes={min_}:{max_}" in args
+    assert store.status["workers"] == {"desired": expected, "active": expected, "ready": expected}
+    assert store.status["phase"] == "Running"
+    assert condition(store.status, "Running")["status"] == "True"
+
+
+def test_scale_down_retires_the_newest_worker_then_deletes_it_without_counting_a_loss():
+    store = started()
+    store.job["spec"]["workers"] = {"min": 1, "max": 2, "replicas": 1}
+    p = plan(store.observe(), at(10))
+    assert p.status["retiredPods"] == ["tj-worker-2"] and not p.of(Delete)  # retire first, delete next pass
+    assert "ScaledDown" in reasons(p)
+    store.apply(p)
+    p2 = plan(store.observe(), at(11))
+    assert [a.name for a in p2.of(Delete)] == ["tj-worker-2"]
+    store.apply(p2)
+    store.finish_terminating()
+    converge(store, at(12))
+    assert store.names("worker") == ["tj-worker-1"]
+    assert (store.status["preemptions"], store.status["failures"]) == (0, 0)
+
+
+def test_scale_up_adds_a_worker_with_a_new_name():
+    store = started(expect=1, workers={"min": 1, "max": 3, "replicas": 1})
+    store.job["spec"]["workers"]["replicas"] = 3
+    p = plan(store.observe(), at(5))
+    assert pods_created(p) == ["tj-worker-2", "tj-worker-3"] and "ScaledUp" in reasons(p)
+
+
+def test_a_pod_on_a_vanished_node_is_force_deleted_once_counted():
+    store = started()
+    victim = store.names("worker")[0]
+    store.nodes = [n for n in store.nodes if n["metadata"]["name"] != "node-a"] + [node("node-c")]
+    store.schedule_to = "node-c"
+    for p in store.pods.values():
+        if p["metadata"]["name"] != victim:
+            p["spec"]["nodeName"] = "node-c"
+    first = plan(store.observe(), NOW)
+    assert first.status["preemptions"] == 1 and not first.of(Delete)  # counted first
+    store.apply(first)
+    second = plan(store.observe(), at(1))
+    assert Delete("Pod", victim) in second.actions  # graceful first: it may still be saving
+    store.apply(second)
+    store.pods[victim]["metadata"]["deletionTimestamp"] = contract.format_time(at(20))  # its grace ends then
+    assert not plan(store.observe(), at(19)).of(Delete)
+    # No kubelet finishes the graceful delete on a vanished node: remove the object once the grace is over.
+    assert Delete("Pod", victim, 0) in plan(store.observe(), at(20)).actions
