@@ -15,6 +15,8 @@ Runs as a world of one (or under torchrun). Checkpoints go to --workdir (not --o
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import platform
@@ -32,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer_image"))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from ftjob_trainer import contract, events  # noqa: E402
 from ftjob_trainer.checkpoint import STAGED_ASYNC, Checkpointer  # noqa: E402
 from ftjob_trainer.config import DataConfig, ModelConfig, OptimizerConfig, ParallelConfig  # noqa: E402
 from ftjob_trainer.data import GlobalBatches, make_source  # noqa: E402
@@ -46,6 +49,24 @@ H200_BF16_DENSE_TFLOPS = 989.0
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+@contextlib.contextmanager
+def trainer_events():
+    """The trainer's structured events emitted inside the block (a list, filled when the block ends): the bench
+    reads what the checkpointer reports from them, as the demo and the other benches do."""
+    buf, found = io.StringIO(), []
+    events.set_stream(buf)
+    try:
+        yield found
+    finally:
+        events.set_stream(None)
+        found += contract.parse_events(buf.getvalue().splitlines())
+
+
+def the_event(found: list[dict], name: str) -> dict:
+    """The last event of that name (empty where this rank emits none: a commit is rank 0's)."""
+    return next((e for e in reversed(found) if e["event"] == name), {})
 
 
 class Bench:
@@ -258,8 +279,10 @@ class Bench:
         self.engine_step(eng, ckpt, batches, step)
         step += 1
         agree(signals.received is not None, 0, NO_DEFICIT)
-        ckpt.save(step, {"scheduler": eng.scheduler.state_dict()})
+        with trainer_events() as stop_events:
+            ckpt.save(step, {"scheduler": eng.scheduler.state_dict()}, kind=contract.KIND_STOP)
         sigterm_to_commit = time.monotonic() - signals.at
+        committed = the_event(stop_events, contract.EVENT_CHECKPOINT_COMMITTED)
         phases = dict(ckpt.save_phases)
         signals.restore()
         ideal = state_bytes / disk_bw
@@ -271,9 +294,11 @@ class Bench:
         drop_page_cache(root)
         eng, _ = self.engine()
         t = time.perf_counter()
-        loaded = Checkpointer(str(root), 2, eng, self.rank, self.world).load_latest()
+        with trainer_events() as load_events:
+            loaded = Checkpointer(str(root), 2, eng, self.rank, self.world).load_latest()
         sync(self.device)
         load_s = time.perf_counter() - t
+        load = the_event(load_events, contract.EVENT_CHECKPOINT_LOADED)
         assert loaded is not None and loaded.step == step
         del eng
         self.free()
@@ -291,9 +316,14 @@ class Bench:
             "disk_write_bytes_per_s": disk_bw,
             "sigterm_to_commit_seconds": sigterm_to_commit,
             "sigterm_save_phases_seconds": phases,
+            "sigterm_save_bytes": committed.get("bytes"),  # the committed directory's files, all ranks
             "ideal_write_seconds": ideal,
             "sigterm_to_commit_over_ideal": sigterm_to_commit / ideal,
             "load_seconds": load_s,
+            # the checkpoint_loaded event: this rank's bytes of state and the read alone
+            "load_bytes_per_rank": load.get("bytes"),
+            "load_read_seconds": load.get("seconds"),
+            "load_read_gbps_per_rank": load.get("gbps"),
         }
 
     def free(self) -> None:

@@ -25,6 +25,13 @@ def pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
+def _read(c: dict) -> str:
+    """The read alone, from the trainer's checkpoint_loaded event (results before the events lack it)."""
+    if not c.get("load_read_gbps_per_rank"):
+        return ""
+    return f"; the read itself {c['load_read_seconds']:.2f} s at {c['load_read_gbps_per_rank']:.2f} GB/s per rank"
+
+
 def render(doc: dict, before: dict | None, notes: list[str] | None = None) -> str:
     t, c, comp, g = doc["throughput"], doc["checkpoint"], doc.get("compile"), doc["goals"]
     cfg = doc["config"]
@@ -82,7 +89,7 @@ def render(doc: dict, before: dict | None, notes: list[str] | None = None) -> st
         )
     lines += [
         f"| load of the latest checkpoint at resume (page cache dropped) | {c['load_seconds']:.2f} s "
-        f"({c['state_bytes'] / c['load_seconds'] / 1e9:.2f} GB/s) | | |",
+        f"({c['state_bytes'] / c['load_seconds'] / 1e9:.2f} GB/s){_read(c)} | | |",
         "",
     ]
     if before:

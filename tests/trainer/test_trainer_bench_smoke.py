@@ -30,6 +30,9 @@ def test_bench_smoke_reports_every_figure(procs, tmp_path):
     assert t["plain_fsdp2_tokens_per_s"] > 0 and t["engine_tokens_per_s"] > 0
     assert t["engine_over_plain"] == pytest.approx(t["engine_tokens_per_s"] / t["plain_fsdp2_tokens_per_s"])
     assert c["state_bytes"] > 1_000_000 and c["disk_write_bytes_per_s"] > 0
+    # read from the trainer's events: the SIGTERM save's committed bytes, the load's bytes and read bandwidth
+    assert c["sigterm_save_bytes"] >= c["state_bytes"] and c["load_bytes_per_rank"] > 1_000_000
+    assert c["load_read_seconds"] > 0 and c["load_read_gbps_per_rank"] > 0
     assert (
         c["sigterm_to_commit_seconds"] > 0
         and c["load_seconds"] > 0
