@@ -187,3 +187,17 @@ def test_a_preemption_and_its_resume_emit_every_moment(procs, tmp_path):
     (final,) = [e for e in by_rank(second, "checkpoint_committed")[0] if e["kind"] == "final"]
     assert final["step"] == 14
     assert {(e[0]["code"], e[0]["reason"]) for e in by_rank(second, "exit").values()} == {(0, "done")}
+
+
+def test_process_start_time_is_not_before_the_process_was_spawned():
+    # /proc/stat's btime has whole seconds and put starts up to 1 s early; /proc/uptime has centiseconds
+    import subprocess
+    import sys
+
+    before = time.time()
+    out = subprocess.run(
+        [sys.executable, "-c", "from ftjob_trainer import events; print(repr(events.STARTED_AT))"],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    started = float(out.stdout)
+    assert before - 0.05 <= started <= time.time(), (before, started)

@@ -27,10 +27,12 @@ def process_start_time() -> float:
         with open("/proc/self/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()  # after "(comm)", which may hold spaces
         ticks = int(fields[19])  # field 22 of stat(5): starttime, clock ticks after boot
-        with open("/proc/stat") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        # boot time from /proc/uptime (centiseconds), not /proc/stat's btime (whole seconds: up to 1 s early)
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        boot = time.time() - uptime
         return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+    except (OSError, ValueError, IndexError):
         return _IMPORTED_AT
 
 
