@@ -1,4 +1,4 @@
-"""`ftjob local up|down|status|preempt`: the embedded local cluster from the command line."""
+"""`ftjob local up|down|status|restart|preempt`: the embedded local cluster from the command line."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .cluster import ClusterError, LocalCluster
+from .cluster import RESTARTABLE, ClusterError, LocalCluster
 
 DEFAULT_STATE_DIR = ".ftjob-local"
 
@@ -18,9 +18,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ftjob local",
         description="The embedded local cluster: a Kubernetes API "
-        "server, a scheduler and a kubelet that runs pods as processes, and the operator.",
+        "server, a service proxy, a scheduler and a kubelet that runs pods as processes, and the operator.",
     )
-    sub = p.add_subparsers(dest="command", required=True, metavar="{up,down,status,preempt}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{up,down,status,restart,preempt}")
 
     def state_dir(sp):
         sp.add_argument(
@@ -30,15 +30,29 @@ def _parser() -> argparse.ArgumentParser:
             help=f"cluster state folder (default: {DEFAULT_STATE_DIR})",
         )
 
-    up = sub.add_parser("up", help="start API server, node agent and operator in the background")
+    up = sub.add_parser(
+        "up",
+        help="start API server, service proxy, node agent and operator in the background; on a state folder "
+        "whose cluster ran before, start only what does not run",
+    )
     state_dir(up)
     up.add_argument("--nodes", type=int, default=1, help="on-demand nodes local-node-<i> (default 1)")
     up.add_argument("--spot-nodes", type=int, default=2, help="spot nodes local-spot-<i> (default 2)")
     up.add_argument("--no-operator", action="store_true", help="do not start the operator")
     up.add_argument("--timeout", type=float, default=60, help="seconds to wait for readiness (default 60)")
 
-    down = sub.add_parser("down", help="stop everything `up` started")
+    down = sub.add_parser("down", help="stop every component (operators started by hand included) and pod")
     state_dir(down)
+
+    rs = sub.add_parser(
+        "restart",
+        help="stop and start one component (or all); running pods keep running",
+        description="kubelet is the node agent (kubelet, node heartbeats, scheduler); operator is every operator "
+        "of the state folder, those started by hand included.",
+    )
+    rs.add_argument("component", choices=RESTARTABLE)
+    state_dir(rs)
+    rs.add_argument("--timeout", type=float, default=60, help="seconds to wait for readiness (default 60)")
 
     st = sub.add_parser("status", help="report what runs")
     state_dir(st)
@@ -90,6 +104,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "status":
             return _status(LocalCluster(_dir(args)), args.json)
+        if args.command == "restart":
+            LocalCluster(_dir(args)).restart(args.component, args.timeout)
+            return 0
         if args.command == "preempt":
             return _preempt(args)
     except ClusterError as e:
@@ -105,7 +122,8 @@ def _status(cluster: LocalCluster, as_json: bool) -> int:
     else:
         print(f"state dir   {st['stateDir']}")
         for name, c in st["components"].items():
-            print(f"{name:11} {'running (pid ' + str(c['pid']) + ')' if c['running'] else 'stopped'}")
+            how = ", started by hand" if c.get("handStarted") else ""
+            print(f"{name:11} {'running (pid ' + str(c['pid']) + how + ')' if c['running'] else 'stopped'}")
         for n in st.get("nodes", []):
             flags = ["Ready" if n["ready"] else "NotReady"] + (["spot"] if n["spot"] else []) + n["taints"]
             print(f"node        {n['name']}  {' '.join(flags)}")
@@ -142,7 +160,7 @@ def _preempt(args) -> int:
     if not cluster.alive("node-agent"):
         raise ClusterError(
             f"the node agent of {cluster.dir} is not running, so nothing would carry out the "
-            "preemption; restart the cluster (ftjob local down && ftjob local up)"
+            f"preemption; start it: ftjob local restart kubelet --state-dir {cluster.dir}"
         )
     kube = Kube(str(cluster.kubeconfig))
     before = {n["metadata"]["name"] for n in kube.request("GET", "/api/v1/nodes").get("items") or []}

@@ -1,9 +1,12 @@
-"""Starting and stopping the local cluster's processes: API server, node agent, operator.
+"""Starting, restarting and stopping the local cluster's processes: API server, service proxy, node agent (the
+kubelet, with node heartbeats and the scheduler), operator.
 
-Each runs in its own process group with its log in DIR/logs/<component>.log and a pid record in
-DIR/run/<component>.json (pid plus the kernel's start time, so a reused pid is never signalled). `down` stops them
-in reverse order and then sweeps any pod process the node agent recorded, so nothing is left running even when
-the agent itself was killed.
+Each runs in its own process group with its log in DIR/logs/<component>.log and a run record in
+DIR/run/<component>.json (records.py), operators started by hand included. Pods run under the node agent but
+outlive it: a restart of any component leaves them running (the restarted kubelet adopts them). `up` starts what
+is not running; `restart` stops and starts the components asked for; `down` stops every component in reverse
+order and then kills any pod process the node agent recorded, so nothing is left running even when the agent
+itself was killed.
 """
 
 from __future__ import annotations
@@ -21,9 +24,12 @@ from pathlib import Path
 
 import yaml
 
-from .procs import _cpu_start_time, kill_recorded
+from . import records
+from .procs import _cpu_start_time, kill_recorded, running
 
-COMPONENTS = ("apiserver", "node-agent", "operator")
+COMPONENTS = ("apiserver", "proxy", "node-agent", "operator")  # the start order; `down` goes in reverse
+ALIASES = {"kubelet": "node-agent"}  # what `ftjob local restart` calls them
+RESTARTABLE = ("apiserver", "proxy", "kubelet", "operator", "all")
 
 
 class ClusterError(Exception):
@@ -46,12 +52,19 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def write_kubeconfig(path: Path, server: str) -> None:
+    """The administrator's kubeconfig; its cluster entry names the state folder (records.STATE_DIR_EXTENSION)."""
+    cluster = {
+        "server": server,
+        "extensions": [
+            {"name": records.STATE_DIR_EXTENSION, "extension": {"stateDir": str(path.parent.resolve())}}
+        ],
+    }
     doc = {
         "apiVersion": "v1",
         "kind": "Config",
         "current-context": "ftjob-local",
         "preferences": {},
-        "clusters": [{"name": "ftjob-local", "cluster": {"server": server}}],
+        "clusters": [{"name": "ftjob-local", "cluster": cluster}],
         "users": [{"name": "ftjob-local", "user": {}}],
         "contexts": [
             {
@@ -68,25 +81,25 @@ def write_kubeconfig(path: Path, server: str) -> None:
 class LocalCluster:
     def __init__(self, state_dir: Path | str):
         self.dir = Path(state_dir).resolve()
-        self.run_dir = self.dir / "run"
+        self.run_dir = records.run_dir(self.dir)
         self.log_dir = self.dir / "logs"
         self.kubeconfig = self.dir / "kubeconfig"
 
-    # --- pid records -----------------------------------------------------------------------------------------------
+    # --- run records -----------------------------------------------------------------------------------------------
     def _record(self, name: str) -> dict | None:
-        try:
-            return json.loads((self.run_dir / f"{name}.json").read_text())
-        except (OSError, ValueError):
-            return None
+        return records.read(self.dir, ALIASES.get(name, name))
 
     def alive(self, name: str) -> dict | None:
-        rec = self._record(name)
-        if rec and _cpu_start_time(rec["pid"]) == rec.get("start") and _state(rec["pid"]) != "Z":
-            return rec
-        return None
+        return records.alive(self.dir, ALIASES.get(name, name))
 
-    def _spawn(self, name: str, argv: list[str], extra: dict | None = None) -> subprocess.Popen:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+    def components(self) -> list[str]:
+        """Every component of the state folder: the four `up` starts, then operators started by hand."""
+        return [*COMPONENTS, *records.hand_started(self.dir)]
+
+    def operators(self) -> list[str]:
+        return ["operator", *records.hand_started(self.dir)]
+
+    def _spawn(self, name: str, argv: list[str], extra: dict | None = None, cwd: Path | None = None):
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_dir / f"{name}.log", "ab") as log:
             proc = subprocess.Popen(
@@ -95,10 +108,11 @@ class LocalCluster:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                cwd=self.dir,
+                cwd=cwd or self.dir,
+                env={**os.environ, records.MANAGED_ENV: name},
             )
         rec = {"pid": proc.pid, "start": _cpu_start_time(proc.pid), "argv": argv, **(extra or {})}
-        (self.run_dir / f"{name}.json").write_text(json.dumps(rec))
+        records.write(self.dir, name, rec)
         return proc
 
     def _log_tail(self, name: str, lines: int = 20) -> str:
@@ -126,65 +140,24 @@ class LocalCluster:
     def up(
         self, nodes: int = 1, spot_nodes: int = 2, operator: bool = True, timeout: float = 60.0, say=print
     ) -> Path:
+        """Starts every component that does not run (all of them on a fresh state folder). The node counts
+        apply to a fresh folder only: a restarted node agent serves the nodes it served. No operator is started
+        while one runs, also one started by hand."""
         if nodes < 0 or spot_nodes < 0 or nodes + spot_nodes == 0:
             raise ClusterError("--nodes and --spot-nodes must be >= 0 with at least one node in total")
-        running = [n for n in COMPONENTS if self.alive(n)]
-        if running:
-            raise ClusterError(
-                f"a local cluster already runs from {self.dir} ({', '.join(running)}); "
-                f"stop it first: ftjob local down --state-dir {self.dir}"
-            )
         self.dir.mkdir(parents=True, exist_ok=True)
+        missing = [n for n in COMPONENTS if not self.alive(n)]
+        if "operator" in missing and (not operator or any(self.alive(n) for n in self.operators())):
+            missing.remove("operator")
+        if not missing:
+            say(f"everything already runs from {self.dir}")
+        elif any(self.alive(n) for n in self.components()):
+            say(f"starting what does not run from {self.dir}: {', '.join(missing)}")
         started: list[str] = []
         try:
-            previous = self._record("apiserver") or {}
-            port = (
-                previous.get("port") if previous.get("port") and port_free(previous["port"]) else free_port()
-            )
-            proc = self._spawn(
-                "apiserver",
-                [
-                    sys.executable,
-                    "-m",
-                    "ftjob_local.apiserver",
-                    "--state-dir",
-                    str(self.dir),
-                    "--port",
-                    str(port),
-                ],
-                {"port": port},
-            )
-            started.append("apiserver")
-            server = f"http://127.0.0.1:{port}"
-            self._wait("apiserver", proc, lambda: _http_ok(f"{server}/version"), timeout)
-            write_kubeconfig(self.kubeconfig, server)
-            say(f"API server  {server} (pid {proc.pid})")
-
-            ready_file = self.dir / "node-agent" / "ready"
-            ready_file.unlink(missing_ok=True)
-            proc = self._spawn(
-                "node-agent",
-                [
-                    sys.executable,
-                    "-m",
-                    "ftjob_local.node",
-                    "--kubeconfig",
-                    str(self.kubeconfig),
-                    "--state-dir",
-                    str(self.dir),
-                    "--nodes",
-                    str(nodes),
-                    "--spot-nodes",
-                    str(spot_nodes),
-                ],
-            )
-            started.append("node-agent")
-            self._wait("node-agent", proc, ready_file.exists, timeout)
-            served = json.loads(ready_file.read_text()).get("nodes", [])
-            say(f"node agent  nodes {', '.join(served)} (pid {proc.pid})")
-
-            if operator:
-                self._start_operator(timeout, say, started)
+            for name in missing:
+                self._start(name, timeout, say, nodes=nodes, spot_nodes=spot_nodes)
+                started.append(name)
         except BaseException:
             self.down(say=lambda *_: None, only=started)
             raise
@@ -192,96 +165,140 @@ class LocalCluster:
         say(f"export KUBECONFIG={self.kubeconfig}")
         return self.kubeconfig
 
-    def _start_operator(self, timeout: float, say, started: list[str]) -> None:
-        if importlib.util.find_spec("ftjob_operator.handlers") is None:
-            say("warning: the operator (ftjob_operator.handlers) is not part of this build yet: not started")
-            return
-        metrics = free_port()
-        proc = self._spawn(
-            "operator",
-            [
+    def _start(
+        self,
+        name: str,
+        timeout: float,
+        say,
+        nodes: int = 1,
+        spot_nodes: int = 2,
+        previous: dict | None = None,
+    ) -> int:
+        """Starts one component (the command line of its last run when it has one) and waits until it is ready."""
+        previous = previous or self._record(name) or {}
+        if name == "apiserver":
+            port = previous.get("port")
+            others = [n for n in self.components() if n != "apiserver" and self.alive(n)]
+            if not port or (not others and not port_free(port)):
+                port = free_port()  # the others talk to the recorded port: they keep it
+            argv = [sys.executable, "-m", "ftjob_local.apiserver", "--state-dir", str(self.dir)]
+            proc = self._spawn(name, [*argv, "--port", str(port)], {"port": port})
+            server = f"http://127.0.0.1:{port}"
+            self._wait(name, proc, lambda: _http_ok(f"{server}/version"), timeout)
+            write_kubeconfig(self.kubeconfig, server)
+            say(f"API server  {server} (pid {proc.pid})")
+        elif name in ("proxy", "node-agent"):
+            ready_file = self.dir / name / "ready"
+            ready_file.unlink(missing_ok=True)
+            module = "ftjob_local.netproxy" if name == "proxy" else "ftjob_local.node"
+            argv = [
                 sys.executable,
                 "-m",
-                "ftjob_operator.cli",
-                "operator",
+                module,
                 "--kubeconfig",
                 str(self.kubeconfig),
-                "--metrics-port",
-                str(metrics),
-            ],
-            {"metricsPort": metrics},
+                "--state-dir",
+                str(self.dir),
+            ]
+            if name == "node-agent":
+                argv += ["--nodes", str(nodes), "--spot-nodes", str(spot_nodes)]
+            proc = self._spawn(name, previous.get("argv") or argv)
+            self._wait(name, proc, ready_file.exists, timeout)
+            if name == "proxy":
+                say(f"proxy       Service addresses 127.96.0.0/16 (pid {proc.pid})")
+            else:
+                served = json.loads(ready_file.read_text()).get("nodes", [])
+                say(f"node agent  nodes {', '.join(served)} (pid {proc.pid})")
+        else:
+            proc = self._start_operator(name, previous, timeout, say)
+        return proc.pid
+
+    def _start_operator(self, name: str, previous: dict, timeout: float, say) -> subprocess.Popen:
+        if importlib.util.find_spec("ftjob_operator.handlers") is None:
+            raise ClusterError("the operator (ftjob_operator.handlers) is not part of this build")
+        metrics = previous.get("metricsPort") or _metrics_port(previous.get("argv") or [])
+        if not metrics or not port_free(metrics):
+            metrics = free_port()
+        argv = [sys.executable, "-m", "ftjob_operator.cli", "operator", "--kubeconfig", str(self.kubeconfig)]
+        if previous.get("argv"):  # a restart, of this one or of one started by hand: the same flags
+            argv = _with_metrics_port(previous["argv"], metrics)
+        else:
+            argv += ["--metrics-port", str(metrics)]
+        # One started by hand and restarted here is a component like the others (own process group, log here).
+        proc = self._spawn(
+            name, argv, {"metricsPort": metrics}, cwd=Path(previous["cwd"]) if previous.get("cwd") else None
         )
-        started.append("operator")
         # Ready = its metrics endpoint answers (served once the operator runs); a process alive after the
         # timeout is reported as running anyway, since metrics are optional to the operator.
         try:
-            self._wait(
-                "operator", proc, lambda: _http_ok(f"http://127.0.0.1:{metrics}/metrics"), min(timeout, 20)
-            )
+            self._wait(name, proc, lambda: _http_ok(f"http://127.0.0.1:{metrics}/metrics"), min(timeout, 20))
         except ClusterError:
             if proc.poll() is not None:
                 raise
             say(
-                f"warning: operator metrics on :{metrics} did not answer; see {self.log_dir / 'operator.log'}"
+                f"warning: operator metrics on :{metrics} did not answer; see {self.log_dir / (name + '.log')}"
             )
-        say(f"operator    metrics http://127.0.0.1:{metrics}/metrics (pid {proc.pid})")
+        say(f"{name:11} metrics http://127.0.0.1:{metrics}/metrics (pid {proc.pid})")
+        return proc
 
-    def restart(self, name: str, timeout: float = 60.0) -> int:
-        """Stops one component and starts it again with the same command line (for control-plane / operator /
-        node-agent restart tests); returns the new pid once it is ready again."""
-        rec = self._record(name)
-        if name not in COMPONENTS or rec is None:
+    # --- restart -------------------------------------------------------------------------------------------------
+    def restart(self, name: str, timeout: float = 60.0, say=print) -> dict[str, int]:
+        """Stops the components asked for (apiserver, proxy, kubelet, operator: every operator of the folder,
+        those started by hand included; all: every component) and starts them again with the same command line;
+        pods keep running throughout. Returns the new pids once each is ready again."""
+        if name not in RESTARTABLE and name not in COMPONENTS:
+            raise ClusterError(f"unknown component {name!r} (one of {', '.join(RESTARTABLE)})")
+        wanted = {"all": self.components(), "operator": self.operators()}.get(name, [ALIASES.get(name, name)])
+        known = [n for n in wanted if self._record(n) is not None]
+        if not known:
             raise ClusterError(
-                f"{name} was never started from {self.dir} (components: {', '.join(COMPONENTS)})"
+                f"{name} was never started from {self.dir}: start the cluster with "
+                f"ftjob local up --state-dir {self.dir}"
             )
-        if self.alive(name):
-            _stop_group(rec["pid"], rec["start"], timeout)
-        extra = {k: v for k, v in rec.items() if k not in ("pid", "start", "argv")}
-        if name == "node-agent":
-            (self.dir / "node-agent" / "ready").unlink(missing_ok=True)
-        proc = self._spawn(name, rec["argv"], extra)
-        ready = {
-            "apiserver": lambda: _http_ok(f"http://127.0.0.1:{rec['port']}/version"),
-            "node-agent": (self.dir / "node-agent" / "ready").exists,
-            "operator": lambda: (
-                proc.poll() is None
-                and (not rec.get("metricsPort") or _http_ok(f"http://127.0.0.1:{rec['metricsPort']}/metrics"))
-            ),
-        }[name]
-        self._wait(name, proc, ready, timeout)
-        return proc.pid
+        pids = {}
+        for n in known:
+            previous = self._record(n)  # read first: an operator started by hand removes its record on exit
+            if self.alive(n):
+                _stop(previous, timeout)
+                say(f"stopped {n} (pid {previous['pid']})")
+            pids[n] = self._start(n, timeout, say, previous=previous)
+        return pids
 
     # --- down --------------------------------------------------------------------------------------------------------
     def down(self, timeout: float = 30.0, say=print, only: list[str] | None = None) -> list[str]:
+        """Stops the components (only: those named), newest layer first; without only, also every pod process."""
         stopped = []
-        for name in reversed(COMPONENTS):
-            if only is not None and name not in only:
+        for name in reversed(self.components()):
+            if only is not None and name not in only and ALIASES.get(name, name) not in only:
                 continue
             rec = self.alive(name)
             if rec:
-                _stop_group(rec["pid"], rec["start"], timeout)
+                _stop(rec, timeout)
                 stopped.append(name)
                 say(f"stopped {name} (pid {rec['pid']})")
-        swept = 0
-        if only is None or "node-agent" in only:  # pod processes belong to the node agent: only then
-            for pid_file in (self.dir / "pods").glob("*/containers/*/pid"):
-                if kill_recorded(pid_file):
-                    swept += 1
-        if swept:
-            say(f"killed {swept} leftover pod process group(s)")
-        if only is None and not stopped:
-            say(f"nothing was running from {self.dir}")
+        if only is None:  # pods outlive the node agent: sweep what it recorded
+            for stale in records.hand_started(self.dir):
+                (self.run_dir / f"{stale}.json").unlink(missing_ok=True)
+            swept = sum(kill_recorded(f) for f in (self.dir / "pods").glob("*/containers/*/pid"))
+            if swept:
+                say(f"killed {swept} leftover pod process group(s)")
+            if not stopped:
+                say(f"nothing was running from {self.dir}")
         return stopped
 
     # --- status ------------------------------------------------------------------------------------------------------
     def status(self) -> dict:
         out: dict = {"stateDir": str(self.dir), "kubeconfig": str(self.kubeconfig), "components": {}}
-        for name in COMPONENTS:
+        for name in self.components():
             rec = self.alive(name)
+            if name not in COMPONENTS and not rec:
+                continue  # an operator started by hand shows while it runs
             out["components"][name] = {
                 "running": bool(rec),
                 **({"pid": rec["pid"]} if rec else {}),
                 **({"port": rec["port"]} if rec and rec.get("port") else {}),
+                **({"metricsPort": rec["metricsPort"]} if rec and rec.get("metricsPort") else {}),
+                **({"handStarted": True} if rec and rec.get("handStarted") else {}),
             }
         if out["components"]["apiserver"]["running"] and self.kubeconfig.exists():
             try:
@@ -318,30 +335,45 @@ def _http_ok(url: str) -> bool:
         return False
 
 
-def _stop_group(pid: int, start: str, timeout: float) -> None:
-    """SIGTERM the process group, SIGKILL it after timeout, and wait until the process is gone."""
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
+def _metrics_port(argv: list[str]) -> int | None:
+    for i, a in enumerate(argv):
+        if a == "--metrics-port" and i + 1 < len(argv) and argv[i + 1].isdigit():
+            return int(argv[i + 1]) or None
+        if a.startswith("--metrics-port=") and a.split("=", 1)[1].isdigit():
+            return int(a.split("=", 1)[1]) or None
+    return None
+
+
+def _with_metrics_port(argv: list[str], port: int) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--metrics-port":
+            skip = True
+        elif not a.startswith("--metrics-port="):
+            out.append(a)
+    return [*out, "--metrics-port", str(port)]
+
+
+def _stop(rec: dict, timeout: float) -> None:
+    """SIGTERM the component (its process group, unless it was started by hand and leads none), SIGKILL it after
+    timeout, and wait until the process is gone."""
+    pid, start = int(rec["pid"]), rec.get("start", "")
+    group = not rec.get("handStarted")
+
+    def send(sig: int) -> None:
+        try:
+            os.killpg(pid, sig) if group else os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    send(signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while _cpu_start_time(pid) == start and _state(pid) != "Z":
+    while running(pid, start):
         if time.monotonic() > deadline:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                return
+            send(signal.SIGKILL)
             deadline = time.monotonic() + 10
         time.sleep(0.05)
-    # Anything left in the group (children of a crashed parent) goes too.
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
+    if group:  # anything left in the group (children of a crashed parent) goes too
+        send(signal.SIGKILL)

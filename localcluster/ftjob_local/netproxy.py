@@ -1,15 +1,25 @@
 """Service proxy: listens on every Service's clusterIP:port (loopback addresses from 127.96.0.0/16) and forwards
 each TCP connection to a ready endpoint pod's podIP:targetPort, as kube-proxy does (round robin over ready pods).
+
+`python -m ftjob_local.netproxy --kubeconfig K --state-dir DIR` runs it in a process of its own (the local cluster's
+kube-proxy), so that restarting the kubelet or the API server cuts no connection a pod holds through a Service
+(torchrun's rendezvous store client does not reconnect). While the API server is away it keeps forwarding with
+what it last saw; it writes DIR/proxy/ready once listening.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import itertools
+import json
 import logging
+import os
+import signal
 import threading
+from pathlib import Path
 
-from .client import Informer, Obj
+from .client import Informer, Kube, Obj
 from .objects import meta, pod_ready
 
 log = logging.getLogger(__name__)
@@ -174,3 +184,35 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, both
     except (ConnectionError, OSError):
         for w in both:
             w.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ftjob_local.netproxy", description=__doc__)
+    p.add_argument("--kubeconfig", required=True, help="kubeconfig of the API server")
+    p.add_argument("--state-dir", required=True, type=Path, help="cluster state folder")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("urllib3").setLevel(logging.ERROR)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    kube = Kube(args.kubeconfig)
+    services = Informer(kube, "/api/v1/services", "services").start()
+    pods = Informer(kube, "/api/v1/pods", "pods").start()
+    for inf in (services, pods):
+        if not inf.synced.wait(30):
+            raise SystemExit(f"could not list {inf.name} from the API server within 30s")
+    proxy = ServiceProxy(services, pods).start()
+    ready = args.state_dir / "proxy" / "ready"
+    ready.parent.mkdir(parents=True, exist_ok=True)
+    ready.write_text(json.dumps({"pid": os.getpid()}))
+    try:
+        stop.wait()
+    finally:
+        ready.unlink(missing_ok=True)
+        proxy.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,11 +1,20 @@
 """Process-tree helpers of the local kubelet, stdlib only (the trainer's tests use them on machines without the
-kubernetes client): find and signal a container's processes, including those that left its process group."""
+kubernetes client): find and signal a container's processes, including those that left its process group, and
+follow a container's shim whether this process started it or an earlier kubelet did."""
 
 from __future__ import annotations
 
 import os
+import select
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
+
+from .shim import read_status
+
+SHIM = Path(__file__).with_name("shim.py")
 
 
 def _cpu_start_time(pid: int) -> str:
@@ -13,6 +22,74 @@ def _cpu_start_time(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
     except (OSError, IndexError):
         return ""
+
+
+def process_state(pid: int) -> str:
+    """The state letter of /proc/<pid>/stat (R, S, Z, ...), or "" when there is no such process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def running(pid: int, start: str) -> bool:
+    """pid is the very process that started at start (not a reused pid) and has not exited (no zombie)."""
+    return bool(start) and _cpu_start_time(pid) == start and process_state(pid) not in ("", "Z")
+
+
+def shim_argv(exit_file: Path, argv: list[str]) -> list[str]:
+    """The command line that runs argv under the container shim (ftjob_local/shim.py)."""
+    return [sys.executable, "-I", str(SHIM), str(exit_file), *argv]
+
+
+class ContainerProcess:
+    """A container's shim, seen from the kubelet: `poll()` and `wait()` as subprocess.Popen has them.
+
+    The kubelet that started it holds the Popen; a kubelet restarted since adopts it by pid and start time and
+    reads its status from the exit file (the shim is not its child, so the kernel would not tell it the code)."""
+
+    def __init__(self, pid: int, start: str, exit_file: Path, popen: subprocess.Popen | None = None):
+        self.pid, self.start, self.exit_file, self.popen = pid, start, exit_file, popen
+        self.returncode: int | None = None
+
+    @classmethod
+    def spawn(cls, argv: list[str], exit_file: Path, **popen_kwargs) -> ContainerProcess:
+        exit_file.unlink(missing_ok=True)
+        popen = subprocess.Popen(shim_argv(exit_file, argv), **popen_kwargs)
+        return cls(popen.pid, _cpu_start_time(popen.pid), exit_file, popen)
+
+    def poll(self) -> int | None:
+        """None while it runs; then the container's status (negative: killed by that signal)."""
+        if self.returncode is None:
+            if self.popen is not None:
+                own = self.popen.poll()
+                if own is None:
+                    return None
+            elif running(self.pid, self.start):
+                return None
+            else:
+                own = -signal.SIGKILL  # gone without a word: only a SIGKILL ends a shim so
+            written = read_status(self.exit_file)
+            self.returncode = written if written is not None else own
+        return self.returncode
+
+    def wait(self) -> int:
+        if self.popen is not None:
+            self.popen.wait()
+        else:
+            try:  # a pidfd becomes readable when the process exits (Linux 5.3+)
+                fd = os.pidfd_open(self.pid)
+            except (AttributeError, OSError):
+                fd = None
+            if fd is not None:
+                try:
+                    while running(self.pid, self.start):
+                        select.select([fd], [], [], 5.0)
+                finally:
+                    os.close(fd)
+            while running(self.pid, self.start):
+                time.sleep(0.5)
+        return self.poll()  # type: ignore[return-value]
 
 
 def descendants(pid: int) -> list[int]:

@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     mode.add_argument("--check", action="store_true", help="exit 1 when the committed CRD files are stale")
 
     # `local` and `demo` take their own flags; everything after the subcommand goes to them untouched.
-    sub.add_parser("local", help="the embedded local cluster: up|down|status|preempt", add_help=False)
+    sub.add_parser("local", help="the embedded local cluster: up|down|status|restart|preempt", add_help=False)
     sub.add_parser(
         "demo", help="run the demo job on the local cluster and print recovery figures", add_help=False
     )
@@ -87,10 +87,23 @@ def _crd(args: argparse.Namespace) -> int:
     return 0
 
 
-def _operator(args: argparse.Namespace) -> int:
+def _register_with_local_cluster(kubeconfig: str | None, argv: list[str]) -> None:
+    """An operator run by hand against a local cluster records itself in that cluster's state folder, so
+    `ftjob local status|down|restart` know it (a no-op on a real cluster, or where ftjob_local is absent)."""
+    try:
+        records = importlib.import_module("ftjob_local.records")
+    except ModuleNotFoundError:
+        return
+    where = records.register_hand_started(kubeconfig, argv)
+    if where is not None:
+        print(f"ftjob operator: registered in the local cluster's {where}", file=sys.stderr)
+
+
+def _operator(args: argparse.Namespace, argv: list[str]) -> int:
     if args.metrics_port < 0 or args.metrics_port > 65535:
         print(f"ftjob operator: --metrics-port must be 0..65535 (got {args.metrics_port})", file=sys.stderr)
         return 2
+    _register_with_local_cluster(args.kubeconfig, argv)
     # Imported here: kopf and the handlers are not needed by `ftjob crd` and the other subcommands.
     handlers = importlib.import_module("ftjob_operator.handlers")
     result = handlers.run(
@@ -114,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "crd":
         return _crd(args)
     if args.command == "operator":
-        return _operator(args)
+        return _operator(args, argv[1:])
     raise AssertionError(f"unhandled subcommand {args.command}")  # argparse's choices make this unreachable
 
 

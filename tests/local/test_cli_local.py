@@ -1,18 +1,23 @@
-"""`ftjob local up|status|preempt|down` end to end: preemption with notice and --hard, nothing left running."""
+"""`ftjob local up|status|restart|preempt|down` end to end: preemption with notice and --hard, pods that outlive
+every component's restart, operators started by hand, nothing left running."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import signal
+import subprocess
 import sys
 import time
 import uuid
 
 import pytest
+from ftjob_local import records
 from ftjob_local.cli import main
 from ftjob_local.client import Kube
 from ftjob_local.cluster import LocalCluster
+from ftjob_local.procs import running
 from support.wait import wait_until
 
 pytestmark = [
@@ -113,9 +118,10 @@ def test_up_status_down_leaves_nothing_running(tmp_path, capsys):
         assert not st["components"]["operator"]["running"]
         assert {n["name"] for n in st["nodes"]} == {"local-node-0", "local-spot-0"}
         assert st["pods"] == {"Running": 1}
-        # A second `up` on a running cluster is refused with what to do.
-        assert main(["up", "--state-dir", str(state), "--no-operator"]) == 1
-        assert "ftjob local down" in capsys.readouterr().err
+        # A second `up` on a running cluster starts nothing and says so.
+        assert main(["up", "--state-dir", str(state), "--no-operator"]) == 0
+        assert "everything already runs" in capsys.readouterr().out
+        assert [c.alive(n)["pid"] for n in ("apiserver", "node-agent")] == pids[:2]
     finally:
         assert main(["down", "--state-dir", str(state)]) == 0
     assert [p for p in pids if alive(p)] == []
@@ -208,3 +214,90 @@ def test_preempt_errors_say_what_to_fix(cluster, capsys):
     assert "node 'no-such-node' not found" in err and "local-spot-0" in err
     assert main(["preempt", str(cluster.dir), "local-spot-0", "--hard", "--notice", "5"]) == 1
     assert "--hard means no notice" in capsys.readouterr().err
+
+
+def kill9(cluster: LocalCluster, name: str) -> None:
+    rec = cluster.alive(name)
+    os.kill(rec["pid"], signal.SIGKILL)
+    wait_until(lambda: not running(rec["pid"], rec["start"]), 10, what=f"{name} to die")
+
+
+def test_pods_outlive_every_component_and_up_starts_only_what_is_missing(cluster, tmp_path, capsys):
+    kube = Kube(str(cluster.kubeconfig))
+    marker, doomed_marker = tmp_path / "marker", tmp_path / "doomed"
+    pod = spot_pod(kube, "local-spot-0", marker)
+    doomed = spot_pod(kube, "local-spot-1", doomed_marker)
+    wait_until(lambda: marker.exists() and doomed_marker.exists(), 30, what="pod processes")
+    pid, doomed_pid = pod_pid(cluster, pod), pod_pid(cluster, doomed)
+    proxy = cluster.alive("proxy")["pid"]
+
+    # SIGKILL of the API server and the kubelet; one pod is deleted while no kubelet runs.
+    kill9(cluster, "node-agent")
+    kube.delete(f"/api/v1/namespaces/{NS}/pods/{doomed['metadata']['name']}", grace=0)
+    kill9(cluster, "apiserver")
+    assert alive(pid) and alive(doomed_pid) and marker.read_text() == "running"
+    capsys.readouterr()
+    assert main(["up", "--state-dir", str(cluster.dir), "--no-operator"]) == 0
+    assert "starting what does not run" in capsys.readouterr().out
+    assert cluster.alive("proxy")["pid"] == proxy, "what ran was left alone"
+
+    # The restarted kubelet adopted the running pod (no signal, same process) and killed the deleted one's.
+    def adopted():
+        p = kube.get(f"/api/v1/namespaces/{NS}/pods/{pod['metadata']['name']}")
+        return p and p["status"]["phase"] == "Running" and p["status"]["containerStatuses"][0]["ready"] and p
+
+    p = wait_until(adopted, 30, what="the pod Running after the restarts")
+    assert (
+        p["metadata"]["uid"] == pod["metadata"]["uid"]
+        and p["status"]["containerStatuses"][0]["restartCount"] == 0
+    )
+    wait_until(lambda: not alive(doomed_pid), 30, what="the deleted pod's process killed")
+    assert not (cluster.dir / "pods" / doomed["metadata"]["uid"]).exists()
+    assert alive(pid) and marker.read_text() == "running"
+
+    # `restart` stops each component gracefully and starts it again; the pod still runs, untouched.
+    for component in ("kubelet", "proxy", "apiserver", "all"):
+        assert main(["restart", component, "--state-dir", str(cluster.dir)]) == 0
+        assert alive(pid) and marker.read_text() == "running", component
+
+    # Its end is seen by the kubelet that adopted it: a graceful delete, SIGTERM, the save, then gone.
+    kube.delete(f"/api/v1/namespaces/{NS}/pods/{pod['metadata']['name']}")
+    wait_until(lambda: not alive(pid), 30, what="the pod's process to end")
+    assert marker.read_text() == "saved"
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("ftjob_operator.handlers") is None, reason="the operator is not in this build"
+)
+def test_an_operator_started_by_hand_is_known_to_status_restart_and_down(cluster, tmp_path, capsys):
+    # A copy of the kubeconfig outside the state folder, as the README's chart route makes one.
+    kubeconfig = tmp_path / "operator-kubeconfig"
+    kubeconfig.write_text(cluster.kubeconfig.read_text())
+    log = open(tmp_path / "operator.log", "wb")
+    op = subprocess.Popen(
+        [PY, "-m", "ftjob_operator.cli", "operator", "--kubeconfig", str(kubeconfig), "--metrics-port", "0"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={k: v for k, v in os.environ.items() if k != records.MANAGED_ENV},
+    )
+    try:
+        name = f"operator-{op.pid}"
+        wait_until(lambda: cluster.alive(name), 30, what="the operator's record")
+        capsys.readouterr()
+        assert main(["status", "--state-dir", str(cluster.dir), "--json"]) == 0
+        st = json.loads(capsys.readouterr().out)["components"]
+        assert st[name] == {"running": True, "pid": op.pid, "handStarted": True}
+        assert not st["operator"]["running"]
+
+        assert main(["restart", "operator", "--state-dir", str(cluster.dir)]) == 0
+        assert op.wait(30) is not None  # the one started by hand was stopped ...
+        again = cluster.alive(name)  # ... and runs again with its flags, now from the state folder
+        assert again and again["pid"] != op.pid and str(kubeconfig) in again["argv"]
+
+        assert main(["down", "--state-dir", str(cluster.dir)]) == 0
+        assert f"stopped {name}" in capsys.readouterr().out
+        assert not running(again["pid"], again["start"])
+    finally:
+        if op.poll() is None:
+            op.kill()
+        log.close()

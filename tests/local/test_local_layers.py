@@ -1,8 +1,8 @@
 """The local cluster's import graph: layers only point down and there are no cycles (read from the sources' ast).
 
-Bottom to top (docs/INTERFACES.md): procs, layout -> client -> objects -> the node's parts (kubelet/, scheduler,
-netproxy, preempt) -> node/ (the node agent) -> cluster -> the demo's parts (session, timeline, demo_render)
--> cli, demo. The API server (apiserver/) is its own stack
+Bottom to top (docs/INTERFACES.md): shim, procs, records, layout -> client -> objects -> the node's parts (kubelet/,
+scheduler, netproxy, preempt) -> node/ (the node agent) -> cluster -> the demo's parts (session, timeline,
+demo_render) -> cli, demo. The API server (apiserver/) is its own stack
 on the bottom layer. Every import statement counts, also one inside a function.
 """
 
@@ -15,7 +15,9 @@ PKG = Path(__file__).resolve().parents[2] / "localcluster" / "ftjob_local"
 
 # Module name (relative to ftjob_local) prefix -> layer; a longer prefix wins.
 LAYERS = {
+    "shim": 0,
     "procs": 0,
+    "records": 0,
     "layout": 0,
     "client": 1,
     "objects": 2,
@@ -128,5 +130,7 @@ def test_no_import_cycles():
 def test_the_graph_is_read():
     """Guards the reader above: it must see the node agent's imports, or the checks pass vacuously."""
     graph = import_graph()
-    assert {"kubelet", "preempt", "scheduler", "netproxy", "client", "objects"} <= graph["node.agent"]
+    assert {"kubelet", "preempt", "scheduler", "client", "objects"} <= graph["node.agent"]
+    assert "netproxy" not in graph["node.agent"], "the service proxy is a process of its own"
+    assert {"records", "procs"} <= graph["cluster"] and graph["procs"] == {"shim"}
     assert graph["objects"] == {"client"} and graph["client"] == set()

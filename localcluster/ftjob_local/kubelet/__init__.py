@@ -4,6 +4,9 @@ What it emulates and how (also posted as a pod event, reason LocalEmulation):
 - image: ignored; command+args run as a process in its own process group (session), with `PATH` starting with
   the directory of the Python running ftjob, so `python` and `torchrun` are ftjob's. Without a command, args run
   alone, as an entrypoint that execs its arguments (tini, `exec "$@"`) would run them.
+- runtime: each container runs under a shim (ftjob_local/shim.py) that writes its exit status to a file, so the
+  containers outlive this kubelet: a restarted one adopts those still running (worker.PodWorker._adopt), and at
+  start kills what is left of pods whose objects are gone (sync.Kubelet._housekeeping).
 - network: each pod gets its own loopback address in 127.10.0.0/16 (status.podIP); there is no isolation.
 - volumes: emptyDir -> DIR/pods/<uid>/volumes/<name>, persistentVolumeClaim -> DIR/pvcs/<ns>/<claim> (shared like a
   RWX volume), hostPath as is, secret/configMap/downwardAPI -> files. There is no mount namespace, so every

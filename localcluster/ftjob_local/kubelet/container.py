@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ftjob_trainer.contract import DEFAULT_TERMINATION_LOG
 
 from ..client import Obj
+from ..procs import ContainerProcess
 
 HOST_IP = "127.0.0.1"
 DEFAULT_TERMINATION_PATH = DEFAULT_TERMINATION_LOG  # a container's terminationMessagePath when it sets none
@@ -78,7 +78,7 @@ def rewrite_paths(value: str, mounts: list[tuple[str, str]]) -> str:
 class Ctr:
     spec: Obj
     init: bool = False
-    proc: subprocess.Popen | None = None
+    proc: ContainerProcess | None = None  # its shim, started here or adopted after a kubelet restart
     restart_count: int = 0
     state: Obj = field(default_factory=lambda: {"waiting": {"reason": "ContainerCreating"}})
     last_state: Obj = field(default_factory=dict)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -13,7 +15,7 @@ from ftjob_trainer.contract import now_rfc3339
 
 from ..layout import log_path
 from ..objects import post_event
-from ..procs import MARKER_ENV, _cpu_start_time, kill_marked, kill_tree
+from ..procs import MARKER_ENV, ContainerProcess, kill_marked, kill_tree
 from .container import BACKOFF_MAX, BACKOFF_START, ConfigError, Ctr, expand, rewrite_paths
 from .env import PodEnvironment
 
@@ -56,9 +58,11 @@ class PodProcesses(PodEnvironment):
             log_path(self.k.state_dir, self.ns, self.name, c.name, previous=True).unlink(missing_ok=True)
         with open(c.log_file, "ab") as out:
             try:
+                _check_executable(argv[0], c.env.get("PATH", ""), c.cwd)
                 c.marker = f"{self.uid}/{c.name}/{os.urandom(4).hex()}"
-                c.proc = subprocess.Popen(
+                c.proc = ContainerProcess.spawn(
                     argv,
+                    self._exit_file(c),
                     cwd=c.cwd,
                     env={**c.env, MARKER_ENV: c.marker},
                     stdin=subprocess.DEVNULL,
@@ -92,13 +96,8 @@ class PodProcesses(PodEnvironment):
                     }
                     c.done = True
                 return
-        proc = c.proc
-        threading.Thread(
-            target=lambda: (proc.wait(), self.wake.set()), name=f"wait-{proc.pid}", daemon=True
-        ).start()
-        (self.dir / "containers" / c.name / "pid").write_text(
-            f"{c.proc.pid} {_cpu_start_time(c.proc.pid)} {c.marker}"
-        )
+        self._follow(c)
+        (self.dir / "containers" / c.name / "pid").write_text(f"{c.proc.pid} {c.proc.start} {c.marker}")
         c.started_at, c.started_mono = now_rfc3339(), time.monotonic()
         c.state = {"running": {"startedAt": c.started_at}}
         c.ready = False
@@ -106,6 +105,16 @@ class PodProcesses(PodEnvironment):
         post_event(
             self.k.kube, self.pod, "Started", f"Started container {c.name} (pid {c.proc.pid})", host=self.node
         )
+
+    def _exit_file(self, c: Ctr) -> Path:
+        return self.dir / "containers" / c.name / "exit"
+
+    def _follow(self, c: Ctr) -> None:
+        """Wakes the pod's loop when the container's shim exits."""
+        proc = c.proc
+        threading.Thread(
+            target=lambda: (proc.wait(), self.wake.set()), name=f"wait-{proc.pid}", daemon=True
+        ).start()
 
     def _reap(self, c: Ctr) -> int | None:
         """Returns the container's exit code once its process ended (128+n for signal n)."""
@@ -212,3 +221,16 @@ class PodProcesses(PodEnvironment):
     def _kill_all(self, sig: int) -> None:
         for c in self.inits + self.ctrs:
             self._signal(c, sig)
+
+
+def _check_executable(program: str, path: str, cwd: str) -> None:
+    """Raises the OSError exec would (the shim runs the program, so its own start cannot fail this way)."""
+    if "/" not in program:
+        if shutil.which(program, path=path) is None:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory in $PATH", program)
+        return
+    full = Path(cwd, program)
+    if not full.is_file():
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", program)
+    if not os.access(full, os.X_OK):
+        raise PermissionError(errno.EACCES, "Permission denied", program)

@@ -1,4 +1,10 @@
-"""Kubelet: the sync loop that starts a PodWorker for every pod bound to a served node, pod GC, pod addresses."""
+"""Kubelet: the sync loop that starts a PodWorker for every pod bound to a served node, pod GC, pod addresses.
+
+A pod whose object vanished (deleted with grace 0, garbage-collected, or missing from the API server's list after
+it restarted) loses its processes at once (SIGKILL: a graceful deletion had its grace period while the object was
+there) and its folder. One that vanished while this kubelet was not running is found when it starts: pod folders
+under DIR/pods whose uid no pod object has are killed and removed the same way, before any pod is synced.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from pathlib import Path
 
 from ..client import Informer, Kube, Obj
 from ..objects import is_terminal, meta, pod_path
+from ..procs import kill_recorded
 from .container import HOST_IP
 from .worker import PodWorker
 
@@ -98,6 +105,7 @@ class Kubelet:
     def _run(self) -> None:
         self.pods.synced.wait()
         self.nodes.synced.wait()
+        self._housekeeping()
         while not self._stop.is_set():
             self.wake.wait(1.0)
             self.wake.clear()
@@ -140,6 +148,20 @@ class Kubelet:
             shutil.rmtree(self.state_dir / "pods" / uid, ignore_errors=True)
             self.terminal.discard(uid)
 
+    def _housekeeping(self) -> None:
+        """Kills and removes what pods deleted while no kubelet ran left behind (their uids no object has)."""
+        known = {meta(p).get("uid") for p in self.pods.items()}
+        for pod_dir in sorted((self.state_dir / "pods").glob("*")):
+            if pod_dir.is_dir() and pod_dir.name not in known:
+                log.info("pod %s is gone from the API server: killing what is left of it", pod_dir.name)
+                self._remove_leftovers(pod_dir.name)
+
+    def _remove_leftovers(self, uid: str) -> None:
+        pod_dir = self.state_dir / "pods" / uid
+        for pid_file in pod_dir.glob("containers/*/pid"):
+            kill_recorded(pid_file)
+        shutil.rmtree(pod_dir, ignore_errors=True)
+
     def _collect_orphan(self, pod: Obj, now: float) -> None:
         """Pod GC: a pod bound to a node that no longer exists is deleted (after a short grace for cache lag)."""
         uid = meta(pod)["uid"]
@@ -150,13 +172,18 @@ class Kubelet:
         worker = self.workers.get(uid)
         if worker:
             worker.kill()
+        else:  # its processes may have outlived an earlier kubelet
+            self._remove_leftovers(uid)
         m = meta(pod)
         self.kube.delete(pod_path(m.get("namespace", "default"), m["name"]), grace=0, uid=uid)
         self._orphan_since.pop(uid, None)
 
-    def shutdown(self, timeout: float = 10.0) -> None:
-        """Kills every pod process (the agent is going away) and waits for the workers to notice."""
+    def shutdown(self, timeout: float = 10.0, kill_pods: bool = True) -> None:
+        """Stops syncing. With kill_pods, kills every pod process and waits for the workers to notice; without,
+        leaves them running for the next kubelet to adopt (a kubelet restart)."""
         self._stop.set()
+        if not kill_pods:
+            return
         for w in list(self.workers.values()):
             w.gone = True  # keep the pod objects: a restarted agent reports the lost containers
             w.kill()

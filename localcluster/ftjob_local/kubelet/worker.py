@@ -8,13 +8,17 @@ import signal
 import sys
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
-from ftjob_trainer.contract import ENV_TERMINATION_LOG, now_rfc3339
+from ftjob_trainer.contract import ENV_TERMINATION_LOG, now_rfc3339, parse_time
 
 from ..client import Obj
+from ..layout import log_path
 from ..objects import is_terminal, meta, pod_path, post_event, set_condition
-from .container import ENV_MOUNTS
+from ..procs import ContainerProcess
+from ..shim import read_status
+from .container import ENV_MOUNTS, ConfigError, Ctr, rewrite_paths
 from .pod import KubeletHost
 from .probes import PodProbes
 from .status import PodStatus
@@ -82,8 +86,8 @@ class PodWorker(PodProbes, PodVolumes, PodStatus):
         if is_terminal(self.pod):
             self.terminal = True
             return
-        self._adopt_previous_status()
         self._setup()
+        self._patch_status(force=True)
         while not self.delete_requested.is_set():
             self.wake.clear()
             now = time.monotonic()
@@ -128,26 +132,66 @@ class PodWorker(PodProbes, PodVolumes, PodStatus):
                         )
         return min(MAX_WAIT, max(0.01, min(due) - now))
 
-    def _adopt_previous_status(self) -> None:
-        """After a node-agent restart the processes are gone: report them as Kubernetes does for a lost container."""
+    def _adopt_previous_status(self) -> bool:
+        """After a kubelet (node agent) restart, what the pod's containers were doing: one whose shim still runs is
+        adopted and goes on (a kubelet restart costs a running pod nothing); one that ended meanwhile reports the
+        status its shim wrote; one that left no trace is reported as Kubernetes reports a lost container
+        (ContainerStatusUnknown, 137). True when a running container was adopted."""
         previous = {s.get("name"): s for s in (self.pod.get("status") or {}).get("containerStatuses") or []}
+        adopted = False
         for c in self.ctrs:
             s = previous.get(c.name)
             if not s:
                 continue
             c.restart_count = int(s.get("restartCount") or 0)
-            if "running" in (s.get("state") or {}):
-                self.initialized = True
-                c.state = {
-                    "terminated": {
-                        "exitCode": 137,
-                        "reason": "ContainerStatusUnknown",
-                        "message": "The container could not be located when the node agent restarted",
-                        "startedAt": s["state"]["running"].get("startedAt"),
-                        "finishedAt": now_rfc3339(),
-                    }
+            c.last_state = s.get("lastState") or {}
+            running = (s.get("state") or {}).get("running")
+            if running is None:
+                continue
+            self.initialized = True
+            if self._adopt(c, running, bool(s.get("ready"))):
+                adopted = True
+                continue
+            c.state = {
+                "terminated": {
+                    "exitCode": 137,
+                    "reason": "ContainerStatusUnknown",
+                    "message": "The container could not be located when the node agent restarted",
+                    "startedAt": running.get("startedAt"),
+                    "finishedAt": now_rfc3339(),
                 }
-                self._after_exit(c, 137)
+            }
+            self._after_exit(c, 137)
+        return adopted
+
+    def _adopt(self, c: Ctr, running: Obj, ready: bool) -> bool:
+        """Takes over the container's shim recorded in its pid file, if that process or its exit status is there."""
+        cdir = self.dir / "containers" / c.name
+        try:
+            pid, start, *marker = (cdir / "pid").read_text().split()
+            proc = ContainerProcess(int(pid), start, self._exit_file(c))
+        except (OSError, ValueError):
+            return False
+        if proc.poll() is not None and read_status(proc.exit_file) is None:
+            return False  # killed with no status written: lost
+        c.proc, c.marker = proc, marker[0] if marker else ""
+        c.started_at = running.get("startedAt") or now_rfc3339()
+        try:
+            age = (datetime.now(timezone.utc) - parse_time(c.started_at)).total_seconds()
+        except ValueError:
+            age = 0.0
+        c.started_mono = time.monotonic() - max(0.0, age)
+        c.state, c.ready = {"running": {"startedAt": c.started_at}}, ready
+        c.log_file = log_path(self.k.state_dir, self.ns, self.name, c.name)
+        wd = c.spec.get("workingDir")
+        c.cwd = rewrite_paths(wd, self._mounts_for(c)) if wd else str(self.dir / "work")
+        try:  # exec probes run with it
+            c.env = self._environment(c)
+        except ConfigError:
+            c.env = {}
+        self._follow(c)
+        log.info("pod %s/%s: adopted container %s (pid %s)", self.ns, self.name, c.name, proc.pid)
+        return True
 
     def _setup(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -157,6 +201,8 @@ class PodWorker(PodProbes, PodVolumes, PodStatus):
             cdir = self.dir / "containers" / c.name
             cdir.mkdir(parents=True, exist_ok=True)
             c.term_file = cdir / "termination-log"
+        if self._adopt_previous_status():
+            return  # the pod was set up by the kubelet before this one, which posted what follows
         image = ", ".join(
             sorted({c.spec.get("image", "") for c in self.inits + self.ctrs if c.spec.get("image")})
         )
@@ -173,7 +219,6 @@ class PodWorker(PodProbes, PodVolumes, PodStatus):
             + (" " + " ".join(notes) if notes else ""),
             host=self.node,
         )
-        self._patch_status(force=True)
 
     # --- termination ----------------------------------------------------------------------------------------------
     def _terminate(self) -> None:

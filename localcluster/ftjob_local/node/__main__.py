@@ -1,4 +1,9 @@
-"""`python -m ftjob_local.node`: run the node agent until SIGTERM/SIGINT (then every pod process is killed)."""
+"""`python -m ftjob_local.node`: run the node agent until SIGTERM or SIGINT.
+
+SIGTERM stops the agent as a kubelet stops: its pods keep running, and the next agent adopts them (`ftjob local
+restart kubelet`). SIGINT (Ctrl-C on an agent run by hand) also kills every pod process. `ftjob local down` kills
+what is left of the pods after the agent is gone, either way.
+"""
 
 from __future__ import annotations
 
@@ -32,8 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     logging.getLogger("urllib3").setLevel(logging.ERROR)  # its retry warnings repeat what our own logs say
     stop = threading.Event()
+    kill_pods = []
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: (kill_pods.append(True), stop.set()))
     agent = NodeAgent(
         args.kubeconfig,
         args.state_dir,
@@ -49,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.info("node agent ready: nodes %s", ", ".join(sorted(agent.served)))
         stop.wait()
     finally:
-        agent.shutdown()
+        agent.shutdown(kill_pods=bool(kill_pods))
     return 0
 
 

@@ -1,7 +1,8 @@
-"""The node agent process: node registration and heartbeats, plus the scheduler, kubelet and service proxy.
+"""The node agent process: node registration and heartbeats, plus the scheduler and the kubelet.
 
-The top of the node side: it imports the kubelet, scheduler, service proxy and preemption; none of them import it
-(Preemption sees it through preempt.NodeHost).
+The top of the node side: it imports the kubelet, scheduler and preemption; none of them import it (Preemption
+sees it through preempt.NodeHost). The service proxy runs in a process of its own (netproxy), as kube-proxy does:
+a restart of this agent must not cut the connections pods hold through Service addresses.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from ftjob_trainer.contract import format_time_micro, now_rfc3339
 from .. import scheduler as scheduler_mod
 from ..client import ApiError, Informer, Kube, Obj
 from ..kubelet import HOST_IP, Kubelet
-from ..netproxy import ServiceProxy
 from ..objects import SPOT_LABEL, meta, node_path, set_condition
 from ..preempt import Preemption, request_of
 
@@ -76,10 +76,8 @@ class NodeAgent:
         self._stop = threading.Event()
         self.pods = Informer(self.kube, "/api/v1/pods", "pods")
         self.nodes = Informer(self.kube, "/api/v1/nodes", "nodes")
-        self.services = Informer(self.kube, "/api/v1/services", "services")
         self.kubelet = Kubelet(self.kube, self.pods, self.nodes, self.state_dir, self.served)
         self.scheduler = scheduler_mod.Scheduler(self.kube, self.pods, self.nodes)
-        self.proxy = ServiceProxy(self.services, self.pods)
         self.nodes.listeners.append(self._on_node)
 
     # --- persistent state (which nodes this agent serves survives a restart) -------------------------------------
@@ -248,17 +246,16 @@ class NodeAgent:
 
     # --- lifecycle -----------------------------------------------------------------------------------------------
     def start(self) -> None:
-        for inf in (self.nodes, self.pods, self.services):
+        for inf in (self.nodes, self.pods):
             inf.start()
         for name in sorted(self.served):
             self.register(name)
         self._save_state()
-        for inf in (self.nodes, self.pods, self.services):
+        for inf in (self.nodes, self.pods):
             if not inf.synced.wait(30):
                 raise RuntimeError(f"could not list {inf.name} from the API server within 30s")
         self.kubelet.start()
         self.scheduler.start()
-        self.proxy.start()
         threading.Thread(target=self._heartbeats, name="heartbeats", daemon=True).start()
         (self.dir / "ready").write_text(json.dumps({"pid": os.getpid(), "nodes": sorted(self.served)}))
 
@@ -270,15 +267,15 @@ class NodeAgent:
                 except Exception as e:
                     log.warning("heartbeat of %s failed: %s", name, e)
 
-    def shutdown(self) -> None:
+    def shutdown(self, kill_pods: bool = True) -> None:
+        """Stops the agent. With kill_pods (the cluster goes down) every pod process is killed and the nodes are
+        marked NotReady; without (a restart, as a real kubelet's), pods and node status stay as they are."""
         self._stop.set()
         (self.dir / "ready").unlink(missing_ok=True)
-        self.kubelet.shutdown()
+        self.kubelet.shutdown(kill_pods=kill_pods)
         self.scheduler.stop()
-        try:
-            self.proxy.stop()
-        except Exception:
-            pass
+        if not kill_pods:
+            return
         for name in sorted(self.served):  # what the node lifecycle controller would say after 40 s
             try:
                 current = self.nodes.get("", name) or {}
