@@ -37,6 +37,9 @@ def _preempted_worker(variant: str) -> tuple[list[dict], list[dict]]:
         "spot taint then SIGTERM exit": pod("worker", 2, node="node-b", exit_code=143),
         "evicted": pod("worker", 2, node="node-b", phase="Failed", status_reason="Evicted", ready=False),
         "deleted while running": pod("worker", 2, node="node-b", deleting=True),
+        "container lost by the runtime": pod(
+            "worker", 2, node="node-b", exit_code=137, term_reason="ContainerStatusUnknown"
+        ),
         "trainer says preempted": pod(
             "worker",
             2,
@@ -58,6 +61,7 @@ def _preempted_worker(variant: str) -> tuple[list[dict], list[dict]]:
         "spot taint then SIGTERM exit",
         "evicted",
         "deleted while running",
+        "container lost by the runtime",
         "trainer says preempted",
     ],
 )
@@ -169,6 +173,24 @@ EVIDENCE = {
         [node("node-a")],
         set(),
         "pod Evicted:",
+    ),
+    "rejected by a restarted kubelet (device plugin not back)": (
+        pod("worker", 1, phase="Failed", status_reason="UnexpectedAdmissionError", ready=False),
+        [node("node-a")],
+        set(),
+        "pod UnexpectedAdmissionError:",
+    ),
+    "rejected by a restarted kubelet (no room)": (
+        pod("worker", 1, phase="Failed", status_reason="OutOfcpu", ready=False),
+        [node("node-a")],
+        set(),
+        "pod OutOfcpu:",
+    ),
+    "container lost by the runtime": (
+        pod("worker", 1, exit_code=137, term_reason="ContainerStatusUnknown"),
+        [node("node-a")],
+        set(),
+        "container ContainerStatusUnknown: the platform lost it (exit code 137)",
     ),
     "trainer preempted": (
         pod("worker", 1, exit_code=1, term_message=json.dumps({"reason": contract.REASON_PREEMPTED})),

@@ -35,10 +35,24 @@ TERMINATION_TAINTS = frozenset(
         "cloud.google.com/impending-node-termination",
     }
 )
-# pod.status.reason values the kubelet/node lifecycle give pods they stop for reasons outside the pod.
+# pod.status.reason values the kubelet/node lifecycle give pods they stop for reasons outside the pod
+# (UnexpectedAdmissionError: a restarted kubelet whose device plugin is not back yet rejects the pod).
 PREEMPTION_POD_REASONS = frozenset(
-    {"Evicted", "Preempting", "NodeLost", "Terminated", "Shutdown", "NodeShutdown"}
+    {
+        "Evicted",
+        "Preempting",
+        "NodeLost",
+        "Terminated",
+        "Shutdown",
+        "NodeShutdown",
+        "UnexpectedAdmissionError",
+    }
 )
+# A restarted kubelet rejects a pod the node no longer has room for with reason OutOf<resource> (OutOfcpu, ...).
+KUBELET_ADMISSION_PREFIX = "OutOf"
+# Container termination reasons that mean the platform lost the container, not that the program ended: the
+# runtime could not find it (kubelet restart, node reboot, container runtime restart), exit code 137.
+LOST_CONTAINER_REASONS = frozenset({"ContainerStatusUnknown"})
 SIGNAL_EXIT_CODES = frozenset({128 + 15, 128 + 9})  # SIGTERM, SIGKILL
 TRAINER_PREEMPTED_REASONS = frozenset(
     {contract.REASON_PREEMPTED, contract.REASON_PEER, contract.REASON_DEADLINE}
@@ -79,8 +93,12 @@ def evidence(pod: dict[str, Any], nodes: Nodes, noticed: set[str]) -> str | None
         return notice
     if nodes.gone(node):
         return f"node {node} is gone"
-    if status.get("reason") in PREEMPTION_POD_REASONS:
-        return f"pod {status['reason']}: {status.get('message') or ''}".strip()
+    pod_reason = status.get("reason") or ""
+    if pod_reason in PREEMPTION_POD_REASONS or pod_reason.startswith(KUBELET_ADMISSION_PREFIX):
+        return f"pod {pod_reason}: {status.get('message') or ''}".strip()
+    lost = (terminated(pod) or {}).get("reason")
+    if lost in LOST_CONTAINER_REASONS:
+        return f"container {lost}: the platform lost it (exit code {exit_code})"
     reason = termination_message(pod).get("reason")
     if reason in TRAINER_PREEMPTED_REASONS:
         return f"trainer stopped: {reason}"
