@@ -414,6 +414,16 @@ def test_preempted_worker_is_replaced_at_once_and_counted_as_a_preemption(jobs):
         "Running",
         name,
     )
+    # Running (ready) only says the worker's container started. Until torchrun has started its workers (importing
+    # torch, reaching the store, the rendezvous) it has no SIGTERM handler and dies of the signal at once, and the
+    # kubelet then deletes the pod with it: no grace period to see. The fake trainer's first progress report
+    # proves both torchrun and the trainer handle SIGTERM now, so the old pod stays for the 6 s save.
+    env.until(
+        lambda: (env.coordinator_progress(name) or {}).get("step"),
+        60,
+        "the fake trainer's first progress report",
+        name,
+    )
     (old,) = env.live_workers(name)
     node = old["spec"]["nodeName"]
     request_preemption(env.kube, node, notice=1.0, replace_after=0.5)
