@@ -93,7 +93,18 @@ def structural_schema() -> dict[str, Any]:
     props["kind"] = {"description": props["kind"]["description"], "type": "string"}
     props["metadata"] = {"type": "object"}
     schema.pop("default", None)
+    _keep_legacy_bookkeeping(props["status"])
     return schema
+
+
+def _keep_legacy_bookkeeping(status: dict[str, Any]) -> None:
+    """The top-level bookkeeping of an earlier operator's status stays in the schema, marked deprecated: the API
+    server prunes fields the schema lacks, also from stored objects, before the upgraded operator could read them.
+    Without defaults: the server would fill them in on every write, and they would never go away."""
+    book = status["properties"]["operator"]["properties"]
+    for name in api.LEGACY_BOOKKEEPING:
+        kept = {k: v for k, v in book[name].items() if k != "default"}
+        status["properties"][name] = {**kept, "description": api.LEGACY_DESCRIPTION.format(name=name)}
 
 
 def check_structural(schema: dict[str, Any], path: str = "") -> list[str]:

@@ -64,7 +64,7 @@ def test_kubectl_story(session):
     k("annotate", "tj", NAME, "ftjob.dev/checkpoint-request=e2e-1")
     wait_until(
         session,
-        lambda: job_status(session, NAME).get("handledCheckpointRequest") == "e2e-1",
+        lambda: job_status(session, NAME)["operator"].get("handledCheckpointRequest") == "e2e-1",
         60,
         "the operator to take the checkpoint request",
         job=NAME,

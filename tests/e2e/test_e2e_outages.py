@@ -87,7 +87,8 @@ def test_api_server_operator_and_kubelet_killed_and_restarted_cost_the_job_nothi
     assert st["phase"] == "Succeeded", st
     assert (st.get("failures") or 0, st.get("preemptions") or 0) == (0, 0), st
     assert session.job(name)["metadata"]["uid"] == before["metadata"]["uid"]
-    assert job_status(session, name).get("restartGeneration") == before["status"].get("restartGeneration")
+    generation = job_status(session, name)["operator"]["restartGeneration"]
+    assert generation == before["status"]["operator"]["restartGeneration"]
     a = analyze(read_job_events(session.cluster.dir, session.ns, name))
     assert (a.final_step, a.skipped) == (STEPS, 0), a.steps[-5:]
     assert a.trained_twice <= EVERY, f"{a.trained_twice} steps trained twice (checkpoint interval {EVERY})"

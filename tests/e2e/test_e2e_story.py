@@ -190,7 +190,7 @@ def test_crashing_trainer_spends_failure_budget_with_backoff(session, tmp_path):
     tpl["volumeMounts"] = [{"name": "scripts", "mountPath": "/scripts"}]
     apply(session, docs)
 
-    # Watch the backoff as it happens: no pod of a new restart generation before status.backoffUntil.
+    # Watch the backoff as it happens: no pod of a new restart generation before status.operator.backoffUntil.
     from ftjob_trainer.contract import parse_time
 
     seen: dict[int, float] = {}  # restart generation -> first time a worker of it was listed
@@ -199,8 +199,11 @@ def test_crashing_trainer_spends_failure_budget_with_backoff(session, tmp_path):
     def finished():
         st = job_status(session, name)
         now = time.time()
-        if st.get("backoffUntil"):
-            backoffs.setdefault(st.get("restartGeneration", 0), parse_time(st["backoffUntil"]).timestamp())
+        book = st.get("operator") or {}
+        if book.get("backoffUntil"):
+            backoffs.setdefault(
+                book.get("restartGeneration", 0), parse_time(book["backoffUntil"]).timestamp()
+            )
         for p in session.pods(name):
             if p["metadata"]["labels"].get("ftjob.dev/role") == "worker":
                 seen.setdefault(int(p["metadata"]["labels"]["ftjob.dev/restart-generation"]), now)

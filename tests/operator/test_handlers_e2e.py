@@ -335,7 +335,7 @@ def test_checkpoint_request_reaches_the_coordinator_and_suspend_resume(jobs):
     st = env.until(
         lambda: env.status(name).get("lastCheckpoint") and env.status(name), 30, "lastCheckpoint", name
     )
-    assert st["handledCheckpointRequest"] == value
+    assert st["operator"]["handledCheckpointRequest"] == value
     env.until(lambda: "CheckpointRequested" in env.reasons(name), 10, "the CheckpointRequested event", name)
 
     env.patch_job(name, {"spec": {"suspend": True}})
@@ -381,7 +381,7 @@ def test_failures_back_off_then_fail_with_pod_exit_code_and_message(jobs):
     st = env.until(
         lambda: env.status(name).get("failures") == 1 and env.status(name), 90, "the first failure", name
     )
-    backoff_until = st.get("backoffUntil")
+    backoff_until = st.get("operator", {}).get("backoffUntil")
     assert st["phase"] == "Restarting" and backoff_until, st
     assert _condition(st, "Restarting")["status"] == "True"
     st = env.until(

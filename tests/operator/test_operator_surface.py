@@ -99,6 +99,9 @@ def test_status_field_names_and_vocabularies():
         "startTime",
         "completionTime",
         "lastFailure",
+        "operator",
+    ]
+    assert _fields(api.OperatorStatus) == [
         "restartGeneration",
         "nextPodIndex",
         "backoffUntil",

@@ -28,7 +28,7 @@ def test_first_pass_creates_secret_and_service_then_pods_once_the_service_has_an
     obs = Observed(job=job(status=first.status), service=service(), secret_exists=True, new_token="x")
     second = plan(obs, NOW)
     assert pods_created(second) == ["tj-coordinator-0", "tj-worker-1", "tj-worker-2"]
-    assert second.status["pendingPods"] == ["tj-coordinator-0", "tj-worker-1", "tj-worker-2"]
+    assert second.status["operator"]["pendingPods"] == ["tj-coordinator-0", "tj-worker-1", "tj-worker-2"]
     assert condition(second.status, "Created")["status"] == "True"
     assert second.status["startTime"] == "2026-01-01T12:00:00Z"
     assert "Created" in reasons(second)
@@ -46,7 +46,7 @@ def test_a_stale_pod_list_reissues_the_same_creates_instead_of_new_pods():
     store.apply(created, apply_actions=False)  # status written, pods not (yet) visible
     again = plan(store.observe(), NOW)
     assert pods_created(again) == pods_created(created)
-    assert again.status["nextPodIndex"] == created.status["nextPodIndex"]
+    assert again.status["operator"]["nextPodIndex"] == created.status["operator"]["nextPodIndex"]
 
 
 @pytest.mark.parametrize(
@@ -68,7 +68,9 @@ def test_scale_down_retires_the_newest_worker_then_deletes_it_without_counting_a
     store = started()
     store.job["spec"]["workers"] = {"min": 1, "max": 2, "replicas": 1}
     p = plan(store.observe(), at(10))
-    assert p.status["retiredPods"] == ["tj-worker-2"] and not p.of(Delete)  # retire first, delete next pass
+    assert p.status["operator"]["retiredPods"] == ["tj-worker-2"] and not p.of(
+        Delete
+    )  # retire first, delete next pass
     assert "ScaledDown" in reasons(p)
     store.apply(p)
     p2 = plan(store.observe(), at(11))

@@ -26,11 +26,16 @@ def test_failure_restarts_the_job_after_backoff_with_a_new_generation(exit_code,
         store.exit(victim, exit_code, reason, json.dumps({"reason": "error", "message": "boom"}))
     p = plan(store.observe(), NOW)
     st = p.status
-    assert (st["failures"], st["restarts"], st["restartGeneration"], st["preemptions"]) == (1, 1, 1, 0)
+    assert (st["failures"], st["restarts"], st["operator"]["restartGeneration"], st["preemptions"]) == (
+        1,
+        1,
+        1,
+        0,
+    )
     assert st["phase"] == "Restarting" and not p.of(Create) and not p.of(Delete)  # deletes wait for the write
     assert st["lastFailure"]["pod"] == victim
     assert condition(st, "Restarting")["status"] == "True"
-    until = contract.parse_time(st["backoffUntil"])
+    until = contract.parse_time(st["operator"]["backoffUntil"])
     assert 8 <= (until - NOW).total_seconds() <= 10  # base 10 s, jitter 0.2
     store.apply(p)
     p2 = plan(store.observe(), at(1))
@@ -82,14 +87,16 @@ def test_a_crashed_coordinator_is_recreated_after_backoff_and_its_collateral_wor
     store.exit("tj-coordinator-0", 1, "Error")
     p = plan(store.observe(), NOW)
     assert (
-        p.status["failures"] == 1 and p.status["restartGeneration"] == 0 and p.status["phase"] == "Restarting"
+        p.status["failures"] == 1
+        and p.status["operator"]["restartGeneration"] == 0
+        and p.status["phase"] == "Restarting"
     )
     assert not pods_created(p)  # a crash-looping coordinator must not burn the budget in seconds
     store.apply(p)
     converge(store, at(1))
     store.exit(store.names("worker")[0], 1, "Error")  # its store went away
     p2 = plan(store.observe(), at(5))
-    assert (p2.status["failures"], p2.status["restartGeneration"]) == (1, 0)
+    assert (p2.status["failures"], p2.status["operator"]["restartGeneration"]) == (1, 0)
     assert "LostWithCoordinator" in reasons(p2) and not pods_created(p2)
     store.apply(p2)
     converge(store, at(10))  # backoff over (base 10 s)

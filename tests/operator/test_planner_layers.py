@@ -63,7 +63,7 @@ def test_the_api_imports_nothing_else_of_the_operator():
 
 
 def _writes(tree: ast.Module, attribute: str) -> list[str]:
-    """The functions that assign or augment `<something>.st.<attribute>`."""
+    """The functions that assign or augment `<something>.st.<attribute>` (or `.st.operator.<attribute>`)."""
     found = []
     for func in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
         for node in ast.walk(func):
@@ -74,12 +74,16 @@ def _writes(tree: ast.Module, attribute: str) -> list[str]:
             else:
                 continue
             leaves = [leaf for t in targets for leaf in ast.walk(t) if isinstance(leaf, ast.Attribute)]
-            if any(
-                a.attr == attribute and isinstance(a.value, ast.Attribute) and a.value.attr == "st"
-                for a in leaves
-            ):
+            if any(a.attr == attribute and _on_status(a.value) for a in leaves):
                 found.append(func.name)
     return found
+
+
+def _on_status(node: ast.expr) -> bool:
+    """`<x>.st` or `<x>.st.operator`."""
+    if isinstance(node, ast.Attribute) and node.attr == "operator":
+        node = node.value
+    return isinstance(node, ast.Attribute) and node.attr == "st"
 
 
 @pytest.mark.parametrize(

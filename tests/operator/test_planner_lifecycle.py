@@ -23,6 +23,7 @@ from tj_builders import (
     running_observed,
     service,
     started,
+    with_book,
 )
 
 
@@ -42,7 +43,7 @@ def test_an_edited_pod_template_restarts_the_pods_without_counting_a_failure(edi
     edit(store.job["spec"])
     store.job["metadata"]["generation"] = 2
     p = plan(store.observe(), NOW)
-    assert (p.status["restartGeneration"] == 1) == restarts
+    assert (p.status["operator"]["restartGeneration"] == 1) == restarts
     assert ("SpecChanged" in reasons(p)) == restarts
     if restarts:
         assert p.status["phase"] == "Restarting" and condition(p.status, "Restarting")["status"] == "True"
@@ -102,7 +103,7 @@ def test_suspend_checkpoints_waits_then_deletes_pods_and_resume_continues():
         "lastCheckpoint": {"step": 40, "time": "2026-01-01T12:00:06Z", "path": "/ck/40"},
     }
     p2 = plan(store.observe(), at(7))
-    assert p2.status["phase"] == "Suspended" and p2.status["restartGeneration"] == 1
+    assert p2.status["phase"] == "Suspended" and p2.status["operator"]["restartGeneration"] == 1
     assert "checkpoint at step 40" in condition(p2.status, "Suspended")["message"]
     store.apply(p2)
     converge(store, at(8))
@@ -201,7 +202,7 @@ def test_checkpoint_request_waits_for_a_ready_coordinator():
         pods=[pod("coordinator", 0, ready=False), pod("worker", 1)],
     )
     p = plan(obs, NOW)
-    assert not p.of(RequestCheckpoint) and "handledCheckpointRequest" not in p.status
+    assert not p.of(RequestCheckpoint) and "handledCheckpointRequest" not in p.status["operator"]
 
 
 class DefaultImageStore(Store):
@@ -232,7 +233,7 @@ def test_unset_image_uses_the_operators_default_and_keeps_it():
     # An operator upgraded to a new default does not restart a running job, nor lose the image it runs.
     store.default_image = "ghcr.io/ftjob/trainer:0.2.0"
     p = converge(store, at(5))
-    assert not p.of(Delete) and store.status["restartGeneration"] == 0
+    assert not p.of(Delete) and store.status["operator"]["restartGeneration"] == 0
     assert (
         _images(store) == {"ghcr.io/ftjob/trainer:0.1.0"}
         and store.status["image"] == "ghcr.io/ftjob/trainer:0.1.0"
@@ -243,7 +244,7 @@ def test_unset_image_uses_the_operators_default_and_keeps_it():
     converge(store, at(10))
     store.finish_terminating()
     converge(store, at(11))
-    assert store.status["restartGeneration"] == 1 and _images(store) == {"mine:1"}
+    assert store.status["operator"]["restartGeneration"] == 1 and _images(store) == {"mine:1"}
     assert store.status["image"] == "mine:1"
 
 
@@ -298,13 +299,17 @@ def test_replacements_keep_the_rendezvous_id_and_a_restart_generation_gets_a_new
     converge(store, at(2))
     store.finish_terminating()
     converge(store, at(60))
-    assert store.status["restartGeneration"] == 1
+    assert store.status["operator"]["restartGeneration"] == 1
     assert set(_rdzv_ids(store).values()) == {f"--rdzv-id={UID}-g1"}
 
 
 def test_a_new_generation_forgets_the_pods_of_the_old_one():
-    status = dict(healthy_status(), restartGeneration=4, pendingPods=["tj-worker-3"])
+    status = with_book(healthy_status(), restartGeneration=4, pendingPods=["tj-worker-3"])
     ctx = Context(running_observed(job(status=status)), NOW)
     lifecycle.start_new_generation(ctx)
-    assert (ctx.st.restart_generation, ctx.st.pending_pods, ctx.st.known_pods) == (5, [], [])
-    assert ctx.prev.restart_generation == 4  # the persisted status still accounts for the old pods
+    assert (ctx.st.operator.restart_generation, ctx.st.operator.pending_pods, ctx.st.operator.known_pods) == (
+        5,
+        [],
+        [],
+    )
+    assert ctx.prev.operator.restart_generation == 4  # the persisted status still accounts for the old pods

@@ -11,7 +11,7 @@ from ftjob_operator.planner import plan, preemption
 from ftjob_operator.planner.context import Context
 from ftjob_operator.planner.losses import Loss, classify, new_losses
 from ftjob_operator.planner.observed import MAX_MESSAGE, Nodes
-from tj_builders import NOW, healthy_status, job, node, pod, reasons, running_observed, started
+from tj_builders import NOW, healthy_status, job, node, pod, reasons, running_observed, started, with_book
 
 
 def test_peers_failing_in_the_same_pass_count_as_one_failure():
@@ -27,9 +27,16 @@ def test_a_coordinator_and_a_worker_failing_in_one_pass_blame_the_coordinator(co
     workers = [i for i in range(4) if i != coordinator_index][:2]
     pods = [pod("coordinator", coordinator_index, exit_code=1)]
     pods += [pod("worker", workers[0], exit_code=1), pod("worker", workers[1])]
-    status = {"knownPods": sorted(planner.pod_name(p) for p in pods), "nextPodIndex": 4, "startTime": "x"}
+    status = {
+        "operator": {"knownPods": sorted(planner.pod_name(p) for p in pods), "nextPodIndex": 4},
+        "startTime": "x",
+    }
     p = plan(running_observed(job(status=status), pods=pods), NOW)
-    assert (p.status["failures"], p.status["restartGeneration"], p.status["restarts"]) == (1, 0, 0)
+    assert (p.status["failures"], p.status["operator"]["restartGeneration"], p.status["restarts"]) == (
+        1,
+        0,
+        0,
+    )
     assert p.status["lastFailure"]["pod"] == f"tj-coordinator-{coordinator_index}"
     assert "LostWithCoordinator" in reasons(p)
 
@@ -67,6 +74,6 @@ def test_a_preemption_keeps_the_trainers_message_and_exit_code():
 
 
 def test_known_pods_that_vanished_are_preemptions_and_retired_ones_are_not_counted_again():
-    status = dict(healthy_status(), retiredPods=["tj-worker-2"])
+    status = with_book(healthy_status(), retiredPods=["tj-worker-2"])
     ctx = Context(running_observed(job(status=status), pods=[pod("coordinator", 0)]), NOW)
     assert new_losses(ctx) == [Loss("tj-worker-1", "worker", True, preemption.VANISHED)]

@@ -68,7 +68,7 @@ def counters(status: dict) -> tuple:
     return (
         status.get("failures"),
         status.get("restarts"),
-        status.get("restartGeneration"),
+        status.get("operator", {}).get("restartGeneration"),
         status.get("phase"),
     )
 
@@ -80,11 +80,11 @@ def test_a_reported_error_is_a_failure_that_restarts_the_job_after_the_backoff()
     p = c.plan_and_apply(at(1))
     st = p.status
     assert counters(st) == (1, 1, 1, "Restarting")
-    assert st["handledErrorId"] == eid and st["preemptions"] == 0
+    assert st["operator"]["handledErrorId"] == eid and st["preemptions"] == 0
     assert st["lastFailure"]["pod"] == victim and st["lastFailure"]["exitCode"] == 1
     assert st["lastFailure"]["reason"] == planner.REASON_TRAINER_ERROR
     assert st["lastFailure"]["message"] == "rank 1 after step 41: RuntimeError: loss is NaN"
-    until = contract.parse_time(st["backoffUntil"])
+    until = contract.parse_time(st["operator"]["backoffUntil"])
     assert 8 <= (until - at(1)).total_seconds() <= 10  # base 10 s, jitter 0.2
     assert [e.reason for e in p.of(Event)] == [cond.REASON_WORKER_FAILED, cond.REASON_RESTART_BACKOFF]
     # The old generation goes, no new pod before the backoff ends, then a new generation runs.
@@ -132,12 +132,14 @@ def test_which_reports_count(row):
     c = Cluster()
     ids = make(c)
     st = c.plan_and_apply(at(1)).status
-    assert st["failures"] == failures and st["handledErrorId"] == max(ids)
+    assert st["failures"] == failures and st["operator"]["handledErrorId"] == max(ids)
     if message:
         assert message in st["lastFailure"]["message"]
         assert st["lastFailure"]["pod"] == c.workers()[0]  # the old generation is deleted on the next pass
     else:
-        assert "lastFailure" not in st and st["restartGeneration"] == 0 and st["phase"] == "Running"
+        assert (
+            "lastFailure" not in st and st["operator"]["restartGeneration"] == 0 and st["phase"] == "Running"
+        )
     # Seen once: the next passes never count them again.
     for i in range(3):
         assert c.plan_and_apply(at(2 + i)).status["failures"] == failures
@@ -160,7 +162,9 @@ def test_errors_soon_after_a_preemption_are_its_consequence_and_a_later_one_coun
     gone, survivor = c.workers()
     c.store.preempt(gone)
     c.plan_and_apply(at(1))
-    assert c.status["preemptions"] == 1 and c.status["lastPreemptionTime"] == "2026-01-01T12:00:01Z"
+    assert (
+        c.status["preemptions"] == 1 and c.status["operator"]["lastPreemptionTime"] == "2026-01-01T12:00:01Z"
+    )
     c.report(survivor, message="RuntimeError: Connection reset by peer")  # its all-reduce lost the peer
     p = c.plan_and_apply(at(3))
     assert counters(p.status) == (0, 0, 0, "Running")
@@ -190,7 +194,7 @@ def test_a_recreated_coordinators_reports_count_although_its_memory_started_empt
     c.plan_and_apply(at(2))  # deletes the old generation
     c.store.finish_terminating()
     converge_cluster(c, at(12))
-    assert c.status["handledErrorId"] == handled and c.status["phase"] == "Running"
+    assert c.status["operator"]["handledErrorId"] == handled and c.status["phase"] == "Running"
     assert c.store.names("coordinator") != ["tj-coordinator-0"]  # a new coordinator, a new memory
     # Its ids are milliseconds since the epoch: above the old one's once a millisecond has passed.
     deadline = time.monotonic() + 5

@@ -13,7 +13,7 @@ from tj_builders import NOW, healthy_status, job, node, pod, pods_created, runni
 @pytest.mark.parametrize("owner", ["someone-else", None], ids=["owned by another object", "no owner"])
 def test_pods_not_owned_by_the_job_are_left_alone(owner):
     stranger = pod("worker", 7, generation=5, owner_uid=owner)
-    obs = running_observed(job(status={"knownPods": [], "nextPodIndex": 3, "startTime": "x"}))
+    obs = running_observed(job(status={"operator": {"knownPods": [], "nextPodIndex": 3}, "startTime": "x"}))
     with_stranger = plan(Observed(**dict(obs.__dict__, pods=obs.pods + [stranger])), NOW)
     assert with_stranger == plan(obs, NOW)  # not deleted as an old generation, not counted, not a name source
 
@@ -22,7 +22,7 @@ def test_pods_not_owned_by_the_job_are_left_alone(owner):
 def test_no_node_view_concludes_no_node_gone(nodes):
     obs = running_observed(job(status=healthy_status()), nodes=nodes)
     p = plan(obs, NOW)
-    assert (p.status["preemptions"], p.status["failures"], p.status["retiredPods"]) == (0, 0, [])
+    assert (p.status["preemptions"], p.status["failures"], p.status["operator"]["retiredPods"]) == (0, 0, [])
     assert [a for a in p.actions if isinstance(a, (Create, Delete))] == []
 
 
@@ -34,7 +34,7 @@ def test_a_node_missing_from_the_index_is_gone_only_after_its_deletion_was_seen(
     lagging = plan(
         running_observed(job(status=healthy_status()), pods=pods, nodes=node_view(indexed, pods, set())), NOW
     )
-    assert (lagging.status["preemptions"], lagging.status["retiredPods"]) == (0, [])
+    assert (lagging.status["preemptions"], lagging.status["operator"]["retiredPods"]) == (0, [])
     assert [a for a in lagging.actions if isinstance(a, (Create, Delete))] == []
     assert node_view([], pods, set()) is None
 
@@ -44,7 +44,7 @@ def test_a_node_missing_from_the_index_is_gone_only_after_its_deletion_was_seen(
         ),
         NOW,
     )
-    assert (gone.status["preemptions"], gone.status["retiredPods"]) == (1, ["tj-worker-2"])
+    assert (gone.status["preemptions"], gone.status["operator"]["retiredPods"]) == (1, ["tj-worker-2"])
     assert pods_created(gone) == ["tj-worker-3"]
 
 

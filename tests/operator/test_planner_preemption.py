@@ -24,6 +24,7 @@ from tj_builders import (
     reasons,
     running_observed,
     started,
+    with_book,
 )
 
 
@@ -67,14 +68,14 @@ def _preempted_worker(variant: str) -> tuple[list[dict], list[dict]]:
 )
 def test_preempted_worker_is_counted_once_and_replaced_at_once(variant):
     pods, nodes = _preempted_worker(variant)
-    status = {
-        "knownPods": ["tj-coordinator-0", "tj-worker-1", "tj-worker-2"],
-        "nextPodIndex": 3,
-        "startTime": "x",
-    }
+    status = healthy_status()
     obs = running_observed(job(status=status), pods=pods, nodes=nodes)
     p = plan(obs, NOW)
-    assert (p.status["preemptions"], p.status["failures"], p.status["restartGeneration"]) == (1, 0, 0)
+    assert (p.status["preemptions"], p.status["failures"], p.status["operator"]["restartGeneration"]) == (
+        1,
+        0,
+        0,
+    )
     assert pods_created(p) == ["tj-worker-3"], "the replacement must not wait for the old pod to terminate"
     assert "Preempted" in reasons(p) and "Replaced" in reasons(p)
     assert condition(p.status, "Preempted")["status"] == "True"
@@ -86,11 +87,7 @@ def test_preempted_worker_is_counted_once_and_replaced_at_once(variant):
 
 
 def test_a_known_pod_that_vanished_counts_as_a_preemption():
-    status = {
-        "knownPods": ["tj-coordinator-0", "tj-worker-1", "tj-worker-2"],
-        "nextPodIndex": 3,
-        "startTime": "x",
-    }
+    status = healthy_status()
     obs = running_observed(job(status=status), pods=[pod("coordinator", 0), pod("worker", 1)])
     p = plan(obs, NOW)
     assert p.status["preemptions"] == 1 and pods_created(p) == ["tj-worker-3"]
@@ -283,7 +280,7 @@ def test_a_notice_is_a_disruption_target_or_a_termination_taint_on_the_pods_node
 def test_counting_a_preemption_sets_the_counter_its_time_the_condition_and_a_warning():
     ctx = Context(running_observed(job(status=dict(healthy_status(), preemptions=2))), NOW)
     preemption.count(ctx, "tj-worker-1", "worker", "node node-a is gone")
-    assert (ctx.st.preemptions, ctx.st.last_preemption_time) == (3, "2026-01-01T12:00:00Z")
+    assert (ctx.st.preemptions, ctx.st.operator.last_preemption_time) == (3, "2026-01-01T12:00:00Z")
     assert condition({"conditions": ctx.conds}, "Preempted") == {
         "type": "Preempted",
         "status": "True",
@@ -297,7 +294,7 @@ def test_counting_a_preemption_sets_the_counter_its_time_the_condition_and_a_war
 
 @pytest.mark.parametrize("seconds,soon", [(0, True), (60, True), (61, False)])
 def test_trainer_errors_are_a_preemptions_consequence_for_a_minute(seconds, soon):
-    st = dict(healthy_status(), lastPreemptionTime="2026-01-01T12:00:00Z")
+    st = with_book(healthy_status(), lastPreemptionTime="2026-01-01T12:00:00Z")
     assert preemption.soon_after_a_preemption(Context(running_observed(job(status=st)), at(seconds))) is soon
     assert not preemption.soon_after_a_preemption(
         Context(running_observed(job(status=healthy_status())), NOW)

@@ -12,7 +12,7 @@ from tj_builders import NOW, Store, at, healthy_status, job, running_observed
 
 
 def test_same_observations_give_the_same_plan():
-    obs = running_observed(job(status={"knownPods": ["tj-worker-1"]}), workers=1)
+    obs = running_observed(job(status={"operator": {"knownPods": ["tj-worker-1"]}}), workers=1)
     assert plan(obs, NOW) == plan(copy.deepcopy(obs), NOW)
 
 
@@ -30,7 +30,7 @@ def test_unknown_status_fields_from_a_newer_operator_keep_counters_and_pods():
     p = plan(running_observed(job(status=dict(_counted_status(), newerField={"x": 1}))), NOW)
     assert p == base
     assert (p.status["failures"], p.status["restarts"], p.status["preemptions"]) == (2, 1, 3)
-    assert p.status["nextPodIndex"] == 3
+    assert p.status["operator"]["nextPodIndex"] == 3
     assert [a for a in p.actions if isinstance(a, Delete)] == []
 
 
@@ -85,6 +85,10 @@ SCENARIOS = {
 COUNTERS = ("preemptions", "failures", "restarts", "restartGeneration", "phase")
 
 
+def counters(status: dict) -> dict:
+    return {k: (status.get("operator", {}) if k == "restartGeneration" else status).get(k) for k in COUNTERS}
+
+
 # What each scenario ends in without a crash: (preemptions, failures, restarts, restartGeneration, phase, workers).
 EXPECTED = {
     "preemption": (1, 0, 0, 0, "Running", 2),
@@ -128,11 +132,11 @@ def _run(scenario, crash_at: int | None, crash_kind: str) -> Store:
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_operator_restart_mid_scenario_creates_no_duplicates_and_loses_no_counter(scenario, crash_kind):
     reference = _run(SCENARIOS[scenario], None, crash_kind)
-    expected = {k: reference.status.get(k) for k in COUNTERS}
+    expected = counters(reference.status)
     assert (*expected.values(), len(reference.names("worker"))) == EXPECTED[scenario]
     for crash_at in range(2, 9):
         store = _run(SCENARIOS[scenario], crash_at, crash_kind)
-        got = {k: store.status.get(k) for k in COUNTERS}
+        got = counters(store.status)
         assert got == expected, f"crash at pass {crash_at}: {got} != {expected}"
         alive = [n for n, p in store.pods.items() if not p["metadata"].get("deletionTimestamp")]
         assert len(store.names("coordinator")) <= 1, alive

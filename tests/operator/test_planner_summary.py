@@ -37,7 +37,7 @@ def test_status_round_trips_through_the_model():
 def _ctx(phase: str | None = None, backoff: bool = False, true: tuple[str, ...] = ()) -> Context:
     st = dict(healthy_status(), phase=phase) if phase else healthy_status()
     if backoff:
-        st["backoffUntil"] = "2026-01-01T12:00:10Z"
+        st["operator"]["backoffUntil"] = "2026-01-01T12:00:10Z"
     ctx = Context(running_observed(job(status=st)), NOW)
     for type_ in true:
         ctx.condition(type_, cond.TRUE, "Test")

@@ -294,7 +294,11 @@ def started(expect: int = 2, **spec_overrides: Any) -> Store:
 def healthy_status() -> dict[str, Any]:
     """The persisted status of a running job with tj-coordinator-0, tj-worker-1 and tj-worker-2."""
     return {
-        "knownPods": ["tj-coordinator-0", "tj-worker-1", "tj-worker-2"],
-        "nextPodIndex": 3,
+        "operator": {"knownPods": ["tj-coordinator-0", "tj-worker-1", "tj-worker-2"], "nextPodIndex": 3},
         "startTime": "x",
     }
+
+
+def with_book(status: dict[str, Any], **bookkeeping: Any) -> dict[str, Any]:
+    """A copy of `status` with these status.operator fields (camelCase) set."""
+    return {**status, "operator": {**(status.get("operator") or {}), **bookkeeping}}

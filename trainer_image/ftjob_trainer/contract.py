@@ -61,7 +61,7 @@ ENV_POD_NAME = "POD_NAME"  # the worker pod's name (fieldRef), named in error re
 #   errors: [the same, oldest first]   (the newest ERRORS_KEPT reports: the first one names the root cause, later
 #           ones are often peers whose collectives failed with it)
 #   Error ids increase, also across coordinator restarts (milliseconds since the epoch, bumped past the last id),
-#   so the operator keeps only the newest id it handled (status.handledErrorId).
+#   so the operator keeps only the newest id it handled (status.operator.handledErrorId).
 ERRORS_KEPT = 16
 ERROR_MESSAGE_MAX = 1024  # characters of an error message the coordinator keeps (the end: where the error is)
 

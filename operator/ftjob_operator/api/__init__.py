@@ -53,14 +53,19 @@ from .spec import (
 from .status import (
     CONDITION_TYPES,
     FINISHED_PHASES,
+    LEGACY_BOOKKEEPING,
+    LEGACY_DESCRIPTION,
     PHASES,
     CheckpointStatus,
     Condition,
     ConditionType,
     FailureStatus,
+    OperatorStatus,
     Phase,
     TrainingJobStatus,
     WorkersStatus,
+    has_legacy_bookkeeping,
+    with_legacy_bookkeeping,
 )
 
 __all__ = [
@@ -73,6 +78,8 @@ __all__ = [
     "JOB_NAME_PATTERN",
     "KIND",
     "LABEL_SELECTOR_PATH",
+    "LEGACY_BOOKKEEPING",
+    "LEGACY_DESCRIPTION",
     "LIST_KIND",
     "MAX_JOB_NAME_LENGTH",
     "PHASES",
@@ -93,6 +100,7 @@ __all__ = [
     "FailureStatus",
     "HostPathRef",
     "MemoryTierSpec",
+    "OperatorStatus",
     "PersistentVolumeClaimRef",
     "Phase",
     "PodTemplateSpec",
@@ -106,8 +114,10 @@ __all__ = [
     "TrainingJobStatus",
     "WorkersSpec",
     "WorkersStatus",
+    "has_legacy_bookkeeping",
     "parse_spec",
     "parse_status",
     "spec_problems",
     "validation_problems",
+    "with_legacy_bookkeeping",
 ]

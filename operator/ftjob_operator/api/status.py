@@ -1,10 +1,16 @@
-"""`status`: what the operator observed, written only by it. Counters live here: an operator restart loses none."""
+"""`status`: what the operator observed, written only by it. Counters live here: an operator restart loses none.
+
+The top level is what users read (`kubectl describe tj` sorts keys, so only nesting keeps the rest out of the way);
+the operator's own bookkeeping, which keeps its passes idempotent across restarts, lives under `status.operator`.
+An operator of an earlier version kept that bookkeeping at the top level: `TrainingJobStatus` reads it from there
+once when `status.operator` is absent (`LEGACY_BOOKKEEPING`), so an upgrade loses no counter.
+"""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .base import StatusModel
 
@@ -72,50 +78,10 @@ def names_set(description: str) -> Any:
     )
 
 
-class TrainingJobStatus(StatusModel):
-    """The observed state, written only by the operator. Counters live here so an operator restart loses nothing."""
+class OperatorStatus(StatusModel):
+    """The operator's bookkeeping: what keeps its passes idempotent across operator restarts (never counted twice,
+    never a second pod for one slot). Read by the operator only; users read the top level of the status."""
 
-    phase: Phase | None = Field(None, description="phase is a one-word summary of the conditions.")
-    conditions: list[Condition] = Field(
-        default_factory=list,
-        description="conditions are the latest observations (metav1.Condition).",
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-    )
-    observed_generation: int | None = Field(
-        None, description="observedGeneration is the last spec generation planned."
-    )
-    workers: WorkersStatus = Field(default_factory=WorkersStatus, description="workers are worker counts.")
-    selector: str | None = Field(
-        None, description="selector is the label selector of worker pods (scale subresource)."
-    )
-    preemptions: int = Field(
-        0, description="preemptions counts pods lost to preemption, eviction or node loss."
-    )
-    failures: int = Field(
-        0, description="failures counts pods that failed on their own (the failure budget)."
-    )
-    restarts: int = Field(0, description="restarts counts job restarts after failures.")
-    last_checkpoint: CheckpointStatus | None = Field(
-        None, description="lastCheckpoint is the newest committed checkpoint."
-    )
-    step: int | None = Field(None, description="step is the newest training step the coordinator reported.")
-    image: str | None = Field(
-        None,
-        description="image is the trainer image the pods run: spec.image, or the operator's default trainer image "
-        "when spec.image is unset (kept from then on, so a new operator default does not restart a running job).",
-    )
-    start_time: str | None = Field(
-        None,
-        description="startTime is when the first pods were created.",
-        json_schema_extra={"format": "date-time"},
-    )
-    completion_time: str | None = Field(
-        None,
-        description="completionTime is when the job Succeeded or Failed.",
-        json_schema_extra={"format": "date-time"},
-    )
-    last_failure: FailureStatus | None = Field(None, description="lastFailure is the last counted failure.")
-    # Bookkeeping that keeps the planner idempotent across operator restarts.
     restart_generation: int = Field(
         0,
         description="restartGeneration labels the current set of pods; bumped by failure restarts and suspend.",
@@ -167,3 +133,97 @@ class TrainingJobStatus(StatusModel):
     noticed_pods: list[str] = names_set(
         "noticedPods are pods whose termination notice already triggered a checkpoint request."
     )
+
+
+# The bookkeeping an operator of an earlier version wrote at the top level of the status (now under
+# status.operator). The CRD keeps them, marked deprecated, so the API server does not prune them before an upgraded
+# operator has read them once.
+LEGACY_BOOKKEEPING = (
+    "restartGeneration",
+    "nextPodIndex",
+    "backoffUntil",
+    "podTemplateHash",
+    "handledCheckpointRequest",
+    "suspendRequestedAt",
+    "coordinatorLostAt",
+    "lastPreemptionTime",
+    "handledErrorId",
+    "knownPods",
+    "retiredPods",
+    "pendingPods",
+    "noticedPods",
+)
+LEGACY_DESCRIPTION = (
+    "{name} is deprecated: it moved to status.operator.{name}. An operator upgraded from an earlier version reads it "
+    "from here once, then removes it."
+)
+
+
+def has_legacy_bookkeeping(status: dict[str, Any] | None) -> bool:
+    """A status written by an earlier operator: bookkeeping at the top level and no status.operator yet."""
+    return bool(status) and "operator" not in status and any(k in status for k in LEGACY_BOOKKEEPING)
+
+
+def with_legacy_bookkeeping(status: dict[str, Any]) -> dict[str, Any]:
+    """The status with its bookkeeping also at the top level, for a status an earlier operator wrote. Until a read
+    shows status.operator persisted, the old fields stay current: a CRD not yet upgraded (helm never upgrades CRDs)
+    prunes status.operator, and the operator then keeps working from the old fields."""
+    book = status.get("operator") or {}
+    return {**status, **{k: book[k] for k in LEGACY_BOOKKEEPING if k in book}}
+
+
+class TrainingJobStatus(StatusModel):
+    """The observed state, written only by the operator. Counters live here so an operator restart loses nothing."""
+
+    phase: Phase | None = Field(None, description="phase is a one-word summary of the conditions.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="conditions are the latest observations (metav1.Condition).",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    observed_generation: int | None = Field(
+        None, description="observedGeneration is the last spec generation planned."
+    )
+    workers: WorkersStatus = Field(default_factory=WorkersStatus, description="workers are worker counts.")
+    selector: str | None = Field(
+        None, description="selector is the label selector of worker pods (scale subresource)."
+    )
+    preemptions: int = Field(
+        0, description="preemptions counts pods lost to preemption, eviction or node loss."
+    )
+    failures: int = Field(
+        0, description="failures counts pods that failed on their own (the failure budget)."
+    )
+    restarts: int = Field(0, description="restarts counts job restarts after failures.")
+    last_checkpoint: CheckpointStatus | None = Field(
+        None, description="lastCheckpoint is the newest committed checkpoint."
+    )
+    step: int | None = Field(None, description="step is the newest training step the coordinator reported.")
+    image: str | None = Field(
+        None,
+        description="image is the trainer image the pods run: spec.image, or the operator's default trainer image "
+        "when spec.image is unset (kept from then on, so a new operator default does not restart a running job).",
+    )
+    start_time: str | None = Field(
+        None,
+        description="startTime is when the first pods were created.",
+        json_schema_extra={"format": "date-time"},
+    )
+    completion_time: str | None = Field(
+        None,
+        description="completionTime is when the job Succeeded or Failed.",
+        json_schema_extra={"format": "date-time"},
+    )
+    last_failure: FailureStatus | None = Field(None, description="lastFailure is the last counted failure.")
+    operator: OperatorStatus = Field(
+        default_factory=OperatorStatus,
+        description="operator is the operator's own bookkeeping (what keeps it idempotent across restarts); "
+        "users need not read it.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_legacy_bookkeeping(cls, data: Any) -> Any:
+        if isinstance(data, dict) and has_legacy_bookkeeping(data):
+            return {**data, "operator": {k: data[k] for k in LEGACY_BOOKKEEPING if k in data}}
+        return data

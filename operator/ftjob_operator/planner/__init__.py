@@ -27,8 +27,8 @@ The handler's side, in order:
 
 Idempotency (an operator restart at any instant creates no duplicates and loses no counter):
 - every counter and every "already handled" mark lives in the returned status;
-- pod names come from `status.nextPodIndex` and the largest index observed, and a created pod stays in
-  `status.pendingPods` (its Create re-issued; a 409 means done) until a list shows it, so a stale list never
+- pod names come from `status.operator.nextPodIndex` and the largest index observed, and a created pod stays in
+  `status.operator.pendingPods` (its Create re-issued; a 409 means done) until a list shows it, so a stale list never
   makes a second pod;
 - a pod is deleted only when the *persisted* status already accounts for it (retired, of an older restart
   generation, or the job finished), so a crash between delete and status write cannot hide a loss.

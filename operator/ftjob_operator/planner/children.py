@@ -1,8 +1,8 @@
 """The children: what to create (Secret, Service, coordinator, workers) and what to delete (older generations,
 retired pods), so that a stale list or an operator restart never makes a second pod for one slot.
 
-Pod names come from `status.nextPodIndex` and the largest index observed; a created pod stays in
-`status.pendingPods` (its Create re-issued; a 409 means done) until a list shows it. A pod is deleted only when the
+Pod names come from `status.operator.nextPodIndex` and the largest index observed; a created pod stays in
+`status.operator.pendingPods` (its Create re-issued; a 409 means done) until a list shows it. A pod is deleted only when the
 persisted status already accounts for it (retired, or of an older restart generation).
 """
 
@@ -23,20 +23,20 @@ def delete_old_generation(ctx: Context) -> None:
 
 
 def forget_observed_pending(ctx: Context) -> None:
-    ctx.st.pending_pods = [n for n in ctx.st.pending_pods if n not in ctx.by_name]
+    ctx.st.operator.pending_pods = [n for n in ctx.st.operator.pending_pods if n not in ctx.by_name]
 
 
 def _next_index(ctx: Context) -> int:
-    pending = [int(n.rsplit("-", 1)[1]) for n in ctx.st.pending_pods]
-    index = max([ctx.st.next_pod_index, ctx.max_index + 1] + [i + 1 for i in pending])
-    ctx.st.next_pod_index = index + 1
+    pending = [int(n.rsplit("-", 1)[1]) for n in ctx.st.operator.pending_pods]
+    index = max([ctx.st.operator.next_pod_index, ctx.max_index + 1] + [i + 1 for i in pending])
+    ctx.st.operator.next_pod_index = index + 1
     return index
 
 
 def _create(ctx: Context, manifest: dict[str, Any]) -> None:
     ctx.actions.append(Create(manifest))
     if manifest["kind"] == "Pod":
-        ctx.st.pending_pods.append(manifest["metadata"]["name"])
+        ctx.st.operator.pending_pods.append(manifest["metadata"]["name"])
 
 
 # step: Secret, Service, coordinator, workers
@@ -55,26 +55,26 @@ def ensure(ctx: Context) -> None:
         return
     _reissue_pending(ctx, cluster_ip)
     first = not ctx.prev.start_time
-    lost_now = [n for n in ctx.st.retired_pods if n not in ctx.prev.retired_pods]
+    lost_now = [n for n in ctx.st.operator.retired_pods if n not in ctx.prev.operator.retired_pods]
     _ensure_coordinator(ctx)
     _ensure_workers(ctx, cluster_ip, first, lost_now)
     # Deferred deletes: only pods the persisted status already retired (counted or scaled away).
     for pod in ctx.current:
-        if pod_name(pod) in ctx.prev.retired_pods:
+        if pod_name(pod) in ctx.prev.operator.retired_pods:
             ctx.delete_pod(pod)
     if first:
         ctx.st.start_time = ctx.now_s
         ctx.condition(
             cond.CREATED, cond.TRUE, cond.REASON_CREATED, "coordinator, Service and workers created"
         )
-    if lost_now or ctx.st.pending_pods:
+    if lost_now or ctx.st.operator.pending_pods:
         ctx.requeue_in(FOLLOW_UP_SECONDS)
 
 
 def _reissue_pending(ctx: Context, cluster_ip: str) -> None:
     """Re-issue creates that no list has shown yet (a 409 means they exist): never a second pod for one slot."""
-    spec, ref, gen = ctx.spec, ctx.ref, ctx.st.restart_generation
-    for name in list(ctx.st.pending_pods):
+    spec, ref, gen = ctx.spec, ctx.ref, ctx.st.operator.restart_generation
+    for name in list(ctx.st.operator.pending_pods):
         index = int(name.rsplit("-", 1)[1])
         if name == render.coordinator_name(ref.name, index):
             ctx.actions.append(Create(render.render_coordinator_pod(ref, spec, index=index, generation=gen)))
@@ -86,13 +86,15 @@ def _reissue_pending(ctx: Context, cluster_ip: str) -> None:
 
 
 def _ensure_coordinator(ctx: Context) -> None:
-    pending = [n for n in ctx.st.pending_pods if not ctx.is_worker_name(n)]
+    pending = [n for n in ctx.st.operator.pending_pods if not ctx.is_worker_name(n)]
     if ctx.alive(render.ROLE_COORDINATOR) or pending:
         return
     index = _next_index(ctx)
     _create(
         ctx,
-        render.render_coordinator_pod(ctx.ref, ctx.spec, index=index, generation=ctx.st.restart_generation),
+        render.render_coordinator_pod(
+            ctx.ref, ctx.spec, index=index, generation=ctx.st.operator.restart_generation
+        ),
     )
     if any(pod_role(p) == render.ROLE_WORKER for p in ctx.current):
         # Workers of this generation outlived their coordinator: this one replaces it.
@@ -101,10 +103,10 @@ def _ensure_coordinator(ctx: Context) -> None:
 
 def _ensure_workers(ctx: Context, cluster_ip: str, first: bool, lost_now: list[str]) -> None:
     """Scale to spec.workers.desired: new names up; newest first down (retired now, deleted next pass)."""
-    spec, ref, gen = ctx.spec, ctx.ref, ctx.st.restart_generation
-    retired = set(ctx.st.retired_pods)
+    spec, ref, gen = ctx.spec, ctx.ref, ctx.st.operator.restart_generation
+    retired = set(ctx.st.operator.retired_pods)
     workers = [p for p in ctx.alive(render.ROLE_WORKER) if pod_name(p) not in retired]
-    have = len(workers) + len([n for n in ctx.st.pending_pods if ctx.is_worker_name(n)])
+    have = len(workers) + len([n for n in ctx.st.operator.pending_pods if ctx.is_worker_name(n)])
     desired = spec.workers.desired
     if have < desired:
         created = []
@@ -121,7 +123,7 @@ def _ensure_workers(ctx: Context, cluster_ip: str, first: bool, lost_now: list[s
             ctx.event(
                 cond.NORMAL, cond.REASON_REPLACED, f"replaced {', '.join(lost_now)} with {', '.join(created)}"
             )
-        elif ctx.prev.phase == "Restarting" or ctx.prev.backoff_until:
+        elif ctx.prev.phase == "Restarting" or ctx.prev.operator.backoff_until:
             ctx.event(cond.NORMAL, cond.REASON_RESTARTED, f"restart generation {gen}: {', '.join(created)}")
         else:
             ctx.event(
@@ -130,7 +132,7 @@ def _ensure_workers(ctx: Context, cluster_ip: str, first: bool, lost_now: list[s
     elif have > desired:
         # Scale down: newest first (the oldest have been in the rendezvous longest). Retire now, delete next pass.
         names = [pod_name(p) for p in sorted(workers, key=pod_index, reverse=True)[: have - desired]]
-        ctx.st.retired_pods += names
+        ctx.st.operator.retired_pods += names
         if names:
             ctx.event(
                 cond.NORMAL,

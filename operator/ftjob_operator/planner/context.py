@@ -139,8 +139,8 @@ class Context:
         owned = [p for p in observed.pods if owned_by(p, self.ref.uid)]
         pods = sorted(owned, key=lambda p: (pod_index(p), pod_name(p)))
         self.by_name = {pod_name(p): p for p in pods}
-        self.current = [p for p in pods if pod_generation(p) == self.prev.restart_generation]
-        self.old = [p for p in pods if pod_generation(p) != self.prev.restart_generation]
+        self.current = [p for p in pods if pod_generation(p) == self.prev.operator.restart_generation]
+        self.old = [p for p in pods if pod_generation(p) != self.prev.operator.restart_generation]
         self.max_index = max([pod_index(p) for p in pods] + [-1])
 
     # -- events, conditions, requeue
@@ -191,4 +191,7 @@ class Context:
         self.st.conditions = [api.Condition.model_validate(c) for c in self.conds]
         if self.generation is not None:
             self.st.observed_generation = self.generation
-        return Plan(tuple(self.actions) + tuple(self.events), self.st.to_json(), self.requeue)
+        status = self.st.to_json()
+        if api.has_legacy_bookkeeping(self.o.job.get("status")):
+            status = api.with_legacy_bookkeeping(status)  # until status.operator is seen persisted
+        return Plan(tuple(self.actions) + tuple(self.events), status, self.requeue)

@@ -70,7 +70,7 @@ def fail_or_restart(ctx: Context, loss: Loss) -> Ending:
     reason = cond.REASON_WORKER_FAILED if loss.role == render.ROLE_WORKER else cond.REASON_COORDINATOR_FAILED
     ctx.event(cond.WARNING, reason, f"{described} ({ctx.st.failures}/{policy.max_failures} failures)")
     delay = math.ceil(backoff_seconds(policy, ctx.ref.uid, ctx.st.failures))
-    ctx.st.backoff_until = contract.format_time(ctx.now + timedelta(seconds=delay))
+    ctx.st.operator.backoff_until = contract.format_time(ctx.now + timedelta(seconds=delay))
     ctx.requeue_in(FOLLOW_UP_SECONDS)
     if loss.role == render.ROLE_COORDINATOR:
         # Recreate only the coordinator, after the backoff (a crash-looping one must not burn the budget in
@@ -100,7 +100,7 @@ def fail_or_restart(ctx: Context, loss: Loss) -> Ending:
 
 # step: wait out the backoff, and for the old generation to leave the rendezvous
 def wait_out_backoff(ctx: Context) -> Ending | None:
-    until = contract.parse_time(ctx.st.backoff_until)
+    until = contract.parse_time(ctx.st.operator.backoff_until)
     if until is not None and ctx.now < until:
         ctx.requeue_in((until - ctx.now).total_seconds())
         return Ending.FROM_PODS
@@ -110,5 +110,5 @@ def wait_out_backoff(ctx: Context) -> Ending | None:
         # (Its --rdzv-id differs, so the two never meet in a rendezvous round either way.)
         ctx.requeue_in(FOLLOW_UP_SECONDS)
         return Ending.FROM_PODS
-    ctx.st.backoff_until = None
+    ctx.st.operator.backoff_until = None
     return None

@@ -21,8 +21,8 @@ def start_new_generation(ctx: Context) -> None:
     """The one place a restart generation begins (a failure restart, suspend, an edited template). The current
     pods become an older generation: deleted next pass, once this status is persisted, and never counted as lost.
     Their replacements get a new rendezvous id (render: --rdzv-id=<uid>-g<generation>)."""
-    ctx.st.restart_generation += 1
-    ctx.st.pending_pods, ctx.st.known_pods = [], []
+    ctx.st.operator.restart_generation += 1
+    ctx.st.operator.pending_pods, ctx.st.operator.known_pods = [], []
 
 
 def finish(ctx: Context, ending: Ending, reason: str, message: str) -> Ending:
@@ -32,7 +32,7 @@ def finish(ctx: Context, ending: Ending, reason: str, message: str) -> Ending:
     ctx.condition(phase, cond.TRUE, reason, message)
     ctx.clear(cond.RUNNING, cond.REASON_FINISHED, f"the job {phase.lower()}")
     ctx.clear(cond.RESTARTING, cond.REASON_FINISHED, f"the job {phase.lower()}")
-    ctx.st.backoff_until = None
+    ctx.st.operator.backoff_until = None
     ctx.event(cond.NORMAL if ending is Ending.SUCCEEDED else cond.WARNING, reason, message)
     ctx.requeue_in(FOLLOW_UP_SECONDS)
     return ending
@@ -105,7 +105,7 @@ def resolve_image(ctx: Context, spec: api.TrainingJobSpec) -> str | None:
 def suspend(ctx: Context) -> Ending:
     workers = ctx.alive(render.ROLE_WORKER)
     coordinator = ctx.alive(render.ROLE_COORDINATOR)
-    if not (workers + coordinator) and not ctx.st.pending_pods:
+    if not (workers + coordinator) and not ctx.st.operator.pending_pods:
         if ctx.prev.phase != "Suspended":
             ctx.event(
                 cond.NORMAL, cond.REASON_SUSPENDED, "no pods run; the job keeps its checkpoints and counters"
@@ -113,10 +113,10 @@ def suspend(ctx: Context) -> Ending:
         ctx.condition(cond.SUSPENDED, cond.TRUE, cond.REASON_SUSPENDED, "spec.suspend is true")
         ctx.clear(cond.RUNNING, cond.REASON_SUSPENDED, "suspended")
         return Ending.SUSPENDED
-    requested = contract.parse_time(ctx.st.suspend_requested_at)
+    requested = contract.parse_time(ctx.st.operator.suspend_requested_at)
     can_ask = bool(workers) and any(pod_ready(p) for p in coordinator)
     if requested is None and can_ask:
-        ctx.st.suspend_requested_at = ctx.now_s
+        ctx.st.operator.suspend_requested_at = ctx.now_s
         ctx.actions.append(RequestCheckpoint("suspend"))
         ctx.event(cond.NORMAL, cond.REASON_CHECKPOINT_REQUESTED, "checkpoint before suspending")
         ctx.condition(
@@ -148,8 +148,8 @@ def suspend(ctx: Context) -> Ending:
 
 
 def resume_if_suspended(ctx: Context) -> None:
-    if ctx.prev.phase in ("Suspended", "Suspending") or ctx.st.suspend_requested_at:
-        ctx.st.suspend_requested_at = None
+    if ctx.prev.phase in ("Suspended", "Suspending") or ctx.st.operator.suspend_requested_at:
+        ctx.st.operator.suspend_requested_at = None
         ctx.condition(cond.SUSPENDED, cond.FALSE, cond.REASON_RESUMED, "spec.suspend is false")
         ctx.event(cond.NORMAL, cond.REASON_RESUMED, "resuming from the latest checkpoint")
 
@@ -157,8 +157,8 @@ def resume_if_suspended(ctx: Context) -> None:
 # step: an edited pod template (image, min/max, trainer settings, ...) restarts the pods
 def restart_on_template_change(ctx: Context) -> Ending | None:
     digest = render.template_hash(ctx.ref, ctx.spec)
-    before, ctx.st.pod_template_hash = ctx.st.pod_template_hash, digest
-    if before is None or before == digest or not (ctx.live_pods() or ctx.st.pending_pods):
+    before, ctx.st.operator.pod_template_hash = ctx.st.operator.pod_template_hash, digest
+    if before is None or before == digest or not (ctx.live_pods() or ctx.st.operator.pending_pods):
         return None
     start_new_generation(ctx)  # SIGTERM makes the old pods' trainers checkpoint first
     message = f"the pod template changed (generation {ctx.generation}); restarting from the latest checkpoint"
@@ -186,8 +186,8 @@ def succeed(ctx: Context) -> Ending | None:
 def checkpoint_on_annotation(ctx: Context) -> None:
     """The user's ftjob.dev/checkpoint-request annotation: one request per new value."""
     value = (ctx.meta.get("annotations") or {}).get(render.ANNOTATION_CHECKPOINT_REQUEST)
-    if value and value != ctx.st.handled_checkpoint_request:
-        ctx.st.handled_checkpoint_request = value
+    if value and value != ctx.st.operator.handled_checkpoint_request:
+        ctx.st.operator.handled_checkpoint_request = value
         ctx.actions.append(RequestCheckpoint(f"annotation {render.ANNOTATION_CHECKPOINT_REQUEST}={value}"))
         ctx.event(
             cond.NORMAL, cond.REASON_CHECKPOINT_REQUESTED, f"{render.ANNOTATION_CHECKPOINT_REQUEST}={value}"

@@ -65,14 +65,14 @@ def classify(pod: dict[str, Any], nodes: Nodes, noticed: set[str]) -> Loss:
 
 def new_losses(ctx: Context) -> list[Loss]:
     """Pods of the current generation lost since the last pass, by pod index, then known pods that vanished."""
-    retired = set(ctx.st.retired_pods)
-    noticed = set(ctx.st.noticed_pods)
+    retired = set(ctx.st.operator.retired_pods)
+    noticed = set(ctx.st.operator.noticed_pods)
     losses = [
         classify(pod, ctx.nodes, noticed)
         for pod in ctx.current
         if pod_name(pod) not in retired and loss_of(pod, ctx.nodes) is not None
     ]
-    for name in ctx.st.known_pods:
+    for name in ctx.st.operator.known_pods:
         if name not in ctx.by_name and name not in retired:
             role = render.ROLE_WORKER if ctx.is_worker_name(name) else render.ROLE_COORDINATOR
             losses.append(Loss(name, role, True, preemption.VANISHED))
@@ -82,15 +82,15 @@ def new_losses(ctx: Context) -> list[Loss]:
 def retire(ctx: Context, losses: list[Loss]) -> Loss | None:
     """Retire each loss (never counted twice): count the preemptions, set aside the coordinator's collateral,
     and return the one failure of this pass (the first; the others are announced as its consequence)."""
-    coordinator_lost_at = contract.parse_time(ctx.st.coordinator_lost_at)
+    coordinator_lost_at = contract.parse_time(ctx.st.operator.coordinator_lost_at)
     # Before the loop: losses go by pod index, and a replaced coordinator's index is above the workers', yet
     # workers lost in the same pass are its collateral either way.
     if any(loss.role == render.ROLE_COORDINATOR for loss in losses):
-        ctx.st.coordinator_lost_at = ctx.now_s
+        ctx.st.operator.coordinator_lost_at = ctx.now_s
         coordinator_lost_at = ctx.now
     failure: Loss | None = None
     for loss in losses:
-        ctx.st.retired_pods.append(loss.pod)
+        ctx.st.operator.retired_pods.append(loss.pod)
         if loss.preemption:
             preemption.count(ctx, loss.pod, loss.role, loss.why)
         elif loss.role == render.ROLE_WORKER and coordinator_collateral(ctx, coordinator_lost_at):
@@ -111,7 +111,7 @@ def coordinator_collateral(ctx: Context, lost_at: datetime | None) -> bool:
     """Workers that stop while the coordinator is down, or soon after it came back, are not to blame."""
     if lost_at is None:
         return False
-    backoff = contract.parse_time(ctx.st.backoff_until)
+    backoff = contract.parse_time(ctx.st.operator.backoff_until)
     recovering = backoff is not None and ctx.now < backoff + timedelta(seconds=COORDINATOR_COLLATERAL_SECONDS)
     return recovering or (ctx.now - lost_at).total_seconds() <= COORDINATOR_COLLATERAL_SECONDS
 
@@ -127,13 +127,13 @@ def trainer_error(ctx: Context, failure: Loss | None) -> Loss | None:
     fresh = [
         r
         for r in reports
-        if isinstance(r, dict) and isinstance(r.get("id"), int) and r["id"] > ctx.st.handled_error_id
+        if isinstance(r, dict) and isinstance(r.get("id"), int) and r["id"] > ctx.st.operator.handled_error_id
     ]
     if not fresh:
         return None
-    ctx.st.handled_error_id = max(r["id"] for r in fresh)
+    ctx.st.operator.handled_error_id = max(r["id"] for r in fresh)
     # Reports of pods already counted, retired, or of an older generation (the restart answered them) are done.
-    live = {pod_name(p) for p in ctx.alive(render.ROLE_WORKER)} - set(ctx.st.retired_pods)
+    live = {pod_name(p) for p in ctx.alive(render.ROLE_WORKER)} - set(ctx.st.operator.retired_pods)
     mine = [r for r in fresh if r.get("pod") in live]
     if not mine:
         return None
@@ -148,7 +148,7 @@ def trainer_error(ctx: Context, failure: Loss | None) -> Loss | None:
     if preemption.soon_after_a_preemption(ctx):
         ctx.event(cond.NORMAL, cond.REASON_PREEMPTED, f"{said} after a preemption; not counted as a failure")
         return None
-    if coordinator_collateral(ctx, contract.parse_time(ctx.st.coordinator_lost_at)):
+    if coordinator_collateral(ctx, contract.parse_time(ctx.st.operator.coordinator_lost_at)):
         ctx.event(cond.NORMAL, cond.REASON_LOST_WITH_COORDINATOR, f"{said} after the coordinator was lost")
         return None
     return Loss(r["pod"], render.ROLE_WORKER, False, REASON_TRAINER_ERROR, exit_code, message)

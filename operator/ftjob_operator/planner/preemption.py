@@ -114,7 +114,7 @@ def count(ctx: Context, pod: str, role: str, why: str) -> None:
     """One preemption: the counter, its time (trainer errors soon after are its consequence), the Preempted
     condition and a Warning event."""
     ctx.st.preemptions += 1
-    ctx.st.last_preemption_time = ctx.now_s
+    ctx.st.operator.last_preemption_time = ctx.now_s
     ctx.condition(cond.PREEMPTED, cond.TRUE, cond.REASON_PREEMPTED, f"{pod}: {why}")
     ctx.event(cond.WARNING, cond.REASON_PREEMPTED, f"{role} {pod} preempted: {why}")
 
@@ -134,7 +134,7 @@ def enforce_limit(ctx: Context) -> Ending | None:
 
 def soon_after_a_preemption(ctx: Context) -> bool:
     """Within PREEMPTION_COLLATERAL_SECONDS of the last counted preemption."""
-    preempted_at = contract.parse_time(ctx.st.last_preemption_time)
+    preempted_at = contract.parse_time(ctx.st.operator.last_preemption_time)
     return (
         preempted_at is not None and (ctx.now - preempted_at).total_seconds() <= PREEMPTION_COLLATERAL_SECONDS
     )
@@ -143,7 +143,7 @@ def soon_after_a_preemption(ctx: Context) -> bool:
 # --- the notice and recovery -----------------------------------------------------------------------------------
 def checkpoint_on_notice(ctx: Context) -> None:
     """One checkpoint request for the live pods whose termination notice is new (each pod's notice once)."""
-    noticed = set(ctx.st.noticed_pods)
+    noticed = set(ctx.st.operator.noticed_pods)
     fresh = [(pod_name(p), notice_of(p, ctx.nodes)) for p in ctx.live_pods() if pod_name(p) not in noticed]
     fresh = [(n, why) for n, why in fresh if why]
     if fresh and ctx.spec.preemption.checkpoint_on_notice:
@@ -152,7 +152,7 @@ def checkpoint_on_notice(ctx: Context) -> None:
         ctx.event(
             cond.NORMAL, cond.REASON_TERMINATION_NOTICE, f"{names}: {fresh[0][1]}; checkpoint requested"
         )
-    ctx.st.noticed_pods += [n for n, _ in fresh]
+    ctx.st.operator.noticed_pods += [n for n, _ in fresh]
 
 
 def mark_recovered(ctx: Context, ready: int, desired: int) -> None:

@@ -64,42 +64,42 @@ def decide_phase(ctx: Context, ending: Ending, training: bool) -> str | None:
 
 def _restart_backing_off(ctx: Context) -> bool:
     """A restart waits out its backoff (or its old generation): its Restarting phase and conditions stand."""
-    return ctx.prev.phase == "Restarting" and bool(ctx.st.backoff_until)
+    return ctx.prev.phase == "Restarting" and bool(ctx.st.operator.backoff_until)
 
 
 def _count_finished(ctx: Context) -> None:
     ctx.st.workers = api.WorkersStatus(desired=ctx.st.workers.desired, active=0, ready=0)
-    ctx.st.known_pods, ctx.st.pending_pods = [], []
-    ctx.st.noticed_pods = [n for n in ctx.st.noticed_pods if n in ctx.by_name]
-    ctx.st.retired_pods = [n for n in ctx.st.retired_pods if n in ctx.by_name]
+    ctx.st.operator.known_pods, ctx.st.operator.pending_pods = [], []
+    ctx.st.operator.noticed_pods = [n for n in ctx.st.operator.noticed_pods if n in ctx.by_name]
+    ctx.st.operator.retired_pods = [n for n in ctx.st.operator.retired_pods if n in ctx.by_name]
 
 
 def _count_suspended(ctx: Context, ending: Ending) -> None:
     workers = ctx.alive(render.ROLE_WORKER)
     ctx.st.workers = api.WorkersStatus(desired=0, active=len(workers), ready=sum(map(pod_ready, workers)))
     if ending is Ending.SUSPENDED:
-        ctx.st.known_pods = []
+        ctx.st.operator.known_pods = []
 
 
 def _count_pods(ctx: Context, ending: Ending) -> bool:
     """Counts, bookkeeping and the Running condition; True when training runs (coordinator and min workers)."""
-    if ctx.st.restart_generation != ctx.prev.restart_generation:
+    if ctx.st.operator.restart_generation != ctx.prev.operator.restart_generation:
         # This pass retired the whole generation: nothing of it counts any more.
         ctx.st.workers = api.WorkersStatus(desired=ctx.st.workers.desired, active=0, ready=0)
-        ctx.st.known_pods = []
+        ctx.st.operator.known_pods = []
         return False
-    retired = set(ctx.st.retired_pods)
+    retired = set(ctx.st.operator.retired_pods)
     workers = [p for p in ctx.alive(render.ROLE_WORKER) if pod_name(p) not in retired]
     coordinators = ctx.alive(render.ROLE_COORDINATOR)
     ready = sum(map(pod_ready, workers))
     desired = ctx.spec.workers.desired if ctx.spec else ctx.st.workers.desired
     ctx.st.workers = api.WorkersStatus(desired=desired, active=len(workers), ready=ready)
     # Only pods still listed need remembering: a name never comes back.
-    ctx.st.retired_pods = [
-        n for n in ctx.st.retired_pods if n in ctx.by_name or n not in ctx.prev.retired_pods
+    ctx.st.operator.retired_pods = [
+        n for n in ctx.st.operator.retired_pods if n in ctx.by_name or n not in ctx.prev.operator.retired_pods
     ]
-    ctx.st.noticed_pods = [n for n in ctx.st.noticed_pods if n in ctx.by_name]
-    ctx.st.known_pods = [pod_name(p) for p in workers + coordinators]
+    ctx.st.operator.noticed_pods = [n for n in ctx.st.operator.noticed_pods if n in ctx.by_name]
+    ctx.st.operator.known_pods = [pod_name(p) for p in workers + coordinators]
     if ending is not Ending.FROM_PODS or _restart_backing_off(ctx):
         return False
     coordinator_ready = any(pod_ready(p) for p in coordinators)
