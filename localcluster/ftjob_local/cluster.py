@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -30,6 +31,7 @@ from .procs import _cpu_start_time, kill_recorded, running
 COMPONENTS = ("apiserver", "proxy", "node-agent", "operator")  # the start order; `down` goes in reverse
 ALIASES = {"kubelet": "node-agent"}  # what `ftjob local restart` calls them
 RESTARTABLE = ("apiserver", "proxy", "kubelet", "operator", "all")
+TOKEN_KEY_ENV = "FTJOB_TOKEN_KEY"  # ftjob_operator.tokens: the operator derives job tokens from it
 
 
 class ClusterError(Exception):
@@ -99,7 +101,14 @@ class LocalCluster:
     def operators(self) -> list[str]:
         return ["operator", *records.hand_started(self.dir)]
 
-    def _spawn(self, name: str, argv: list[str], extra: dict | None = None, cwd: Path | None = None):
+    def _spawn(
+        self,
+        name: str,
+        argv: list[str],
+        extra: dict | None = None,
+        cwd: Path | None = None,
+        env: dict | None = None,
+    ):
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_dir / f"{name}.log", "ab") as log:
             proc = subprocess.Popen(
@@ -109,7 +118,7 @@ class LocalCluster:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 cwd=cwd or self.dir,
-                env={**os.environ, records.MANAGED_ENV: name},
+                env={**os.environ, **(env or {}), records.MANAGED_ENV: name},
             )
         rec = {"pid": proc.pid, "start": _cpu_start_time(proc.pid), "argv": argv, **(extra or {})}
         records.write(self.dir, name, rec)
@@ -224,9 +233,15 @@ class LocalCluster:
             argv = _with_metrics_port(previous["argv"], metrics)
         else:
             argv += ["--metrics-port", str(metrics)]
-        # One started by hand and restarted here is a component like the others (own process group, log here).
+        # One started by hand and restarted here is a component like the others (own process group, log here),
+        # with the environment it had; ours derives the jobs' tokens from the state folder's key (tokens.py).
+        env = previous.get("env") or {TOKEN_KEY_ENV: self._token_key()}
         proc = self._spawn(
-            name, argv, {"metricsPort": metrics}, cwd=Path(previous["cwd"]) if previous.get("cwd") else None
+            name,
+            argv,
+            {"metricsPort": metrics, "env": env},
+            cwd=Path(previous["cwd"]) if previous.get("cwd") else None,
+            env=env,
         )
         # Ready = its metrics endpoint answers (served once the operator runs); a process alive after the
         # timeout is reported as running anyway, since metrics are optional to the operator.
@@ -240,6 +255,16 @@ class LocalCluster:
             )
         say(f"{name:11} metrics http://127.0.0.1:{metrics}/metrics (pid {proc.pid})")
         return proc
+
+    def _token_key(self) -> str:
+        """The key this folder's operator derives job tokens from (created once, readable by its owner only)."""
+        path = self.dir / "operator-token-key"
+        if not path.exists():
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(secrets.token_hex(32))
+            tmp.chmod(0o600)
+            tmp.replace(path)
+        return path.read_text().strip()
 
     # --- restart -------------------------------------------------------------------------------------------------
     def restart(self, name: str, timeout: float = 60.0, say=print) -> dict[str, int]:

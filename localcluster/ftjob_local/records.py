@@ -43,6 +43,7 @@ def write(state_dir: Path, name: str, record: dict) -> None:
     run_dir(state_dir).mkdir(parents=True, exist_ok=True)
     tmp = run_dir(state_dir) / f".{name}.json.tmp"
     tmp.write_text(json.dumps(record))
+    tmp.chmod(0o600)  # an operator's record holds its environment (the token key)
     tmp.replace(run_dir(state_dir) / f"{name}.json")
 
 
@@ -91,10 +92,12 @@ def kubeconfig_path(explicit: str | None) -> Path:
     return Path(env[0]) if env else Path.home() / ".kube" / "config"
 
 
-def register_hand_started(kubeconfig: str | None, args: list[str]) -> Path | None:
-    """Records this process (an operator run by hand with args) in the state folder its kubeconfig belongs to;
-    the record goes when the process exits. Returns the record's path, or None when there is no such folder (a
-    real cluster) or `ftjob local` started this process itself."""
+def register_hand_started(
+    kubeconfig: str | None, args: list[str], env: dict[str, str] | None = None
+) -> Path | None:
+    """Records this process (an operator run by hand with args, and env: the variables a restart needs) in the
+    state folder its kubeconfig belongs to; the record goes when the process exits. Returns the record's path, or
+    None when there is no such folder (a real cluster) or `ftjob local` started this process itself."""
     if os.environ.get(MANAGED_ENV):
         return None
     path = kubeconfig_path(kubeconfig)
@@ -108,7 +111,14 @@ def register_hand_started(kubeconfig: str | None, args: list[str]) -> Path | Non
     write(
         state,
         name,
-        {"pid": pid, "start": _cpu_start_time(pid), "argv": argv, "handStarted": True, "cwd": os.getcwd()},
+        {
+            "pid": pid,
+            "start": _cpu_start_time(pid),
+            "argv": argv,
+            "env": dict(env or {}),
+            "handStarted": True,
+            "cwd": os.getcwd(),
+        },
     )
     record = run_dir(state) / f"{name}.json"
     atexit.register(record.unlink, missing_ok=True)

@@ -7,10 +7,20 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
 SUBCOMMANDS = ("operator", "crd", "local", "demo")
+# What `ftjob operator` reads from its environment (handlers.py, tokens.py, network_policy.py).
+OPERATOR_ENV = (
+    "FTJOB_DEFAULT_TRAINER_IMAGE",
+    "FTJOB_TOKEN_KEY",
+    "FTJOB_OPERATOR_POD_LABELS",
+    "POD_NAMESPACE",
+    "POD_ID",
+    "POD_NAME",
+)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
@@ -35,6 +45,13 @@ def _parser() -> argparse.ArgumentParser:
     op.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS, help="default INFO")
     op.add_argument(
         "--metrics-port", type=int, default=8080, help="Prometheus /metrics port; 0 disables (default 8080)"
+    )
+    op.add_argument(
+        "--network-policy",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="give each job a NetworkPolicy that admits only its own pods (and the operator's) to its coordinator "
+        "(default: on)",
     )
     op.add_argument(
         "--peering",
@@ -94,7 +111,9 @@ def _register_with_local_cluster(kubeconfig: str | None, argv: list[str]) -> Non
         records = importlib.import_module("ftjob_local.records")
     except ModuleNotFoundError:
         return
-    where = records.register_hand_started(kubeconfig, argv)
+    # The environment the operator reads, so `ftjob local restart operator` starts it the same way.
+    env = {k: os.environ[k] for k in OPERATOR_ENV if k in os.environ}
+    where = records.register_hand_started(kubeconfig, argv, env)
     if where is not None:
         print(f"ftjob operator: registered in the local cluster's {where}", file=sys.stderr)
 
@@ -112,6 +131,7 @@ def _operator(args: argparse.Namespace, argv: list[str]) -> int:
         log_level=args.log_level,
         metrics_port=args.metrics_port,
         peering=args.peering,
+        network_policy=args.network_policy,
     )
     return int(result or 0)
 

@@ -6,7 +6,8 @@ sleeps for the planner's requeue hint (or a short poll of the coordinator's prog
 
 Each pass, in this order:
 1. observe: the job (fresh GET), its pods, the nodes (a kopf index fed by the node watch), the coordinator Service
-   (its clusterIP), the token Secret, and the coordinator's progress over its HTTP API;
+   (its clusterIP), the job's token (derived, tokens.py; read back from its Secret only without a key), and the
+   coordinator's progress over its HTTP API;
 2. plan: `planner.plan(observed, now)`;
 3. write the status (a merge patch of what changed). Nothing else happens unless this succeeds;
 4. emit the plan's events (after the status write, so each transition is announced once);
@@ -30,8 +31,9 @@ from typing import Any
 import kopf
 from ftjob_trainer import contract
 
-from . import api, planner, render
+from . import api, planner, render, tokens
 from . import conditions as cond
+from . import network_policy as netpol
 from .coordinator_client import CoordinatorClient, CoordinatorError, control_url
 from .kube import Kube
 from .metrics import Metrics
@@ -69,6 +71,13 @@ class Runtime:
     notices: dict[tuple[str, str], datetime] = field(default_factory=dict)  # first termination notice seen
     # Nodes whose DELETED watch event we saw: only these count as gone (the index may lag a new node).
     deleted_nodes: set[str] = field(default_factory=set)
+    # tokens.py: the key the job tokens are derived from (env FTJOB_TOKEN_KEY); None: read them back instead.
+    token_key: bytes | None = None
+    network_policy: bool = True  # make each job's NetworkPolicy (`--network-policy`)
+    operator_pods: netpol.OperatorPods | None = None
+    # Children the operator creates once and never reads back (the Secret when tokens are derived, the
+    # NetworkPolicy): (kind, namespace, name, job uid) once created or found existing (409) by this process.
+    created: set[tuple[str, str, str, str]] = field(default_factory=set)
 
     def waker(self, namespace: str, name: str) -> asyncio.Event:
         return self.wakers.setdefault((namespace, name), asyncio.Event())
@@ -83,6 +92,7 @@ class Runtime:
         self.metrics.forget(namespace, name)
         for per_job in (self.written, self.wakers, self.notices):
             per_job.pop((namespace, name), None)
+        self.created = {c for c in self.created if c[1:3] != (namespace, name)}
 
     def wake_all(self) -> None:
         for event in self.wakers.values():
@@ -265,18 +275,32 @@ async def observe(
     pods = [p for p in pods if planner.owned_by(p, uid)]
     known_nodes = node_view(nodes, pods, rt.deleted_nodes)
     service = await rt.kube.get_service(namespace, render.service_name(name))
-    secret = await rt.kube.get_secret(namespace, render.secret_name(name), render.TOKEN_KEY)
-    progress = await read_progress(rt, pods, service, secret.token, logger)
+    secret_exists, token = await job_token(rt, namespace, name, uid)
+    progress = await read_progress(rt, pods, service, token, logger)
     return planner.Observed(
         job=job,
         pods=pods,
         nodes=known_nodes,
         service=service,
-        secret_exists=secret.exists,
+        secret_exists=secret_exists,
         progress=progress,
-        new_token="" if secret.exists else secrets.token_urlsafe(32),
+        new_token=token or secrets.token_urlsafe(32),
         default_image=rt.default_image,
+        network_policy=rt.network_policy,
+        network_policy_exists=("NetworkPolicy", namespace, netpol.policy_name(name), uid) in rt.created,
+        operator_pods=rt.operator_pods,
     )
+
+
+async def job_token(rt: Runtime, namespace: str, name: str, uid: str) -> tuple[bool, str]:
+    """(whether the job's token Secret exists, its token): derived from the key, never read (tokens.py); without
+    a key, read back from the Secret ("" when there is none yet)."""
+    assert rt.kube is not None
+    if rt.token_key is not None:
+        exists = ("Secret", namespace, render.secret_name(name), uid) in rt.created
+        return exists, tokens.derive(rt.token_key, namespace, name, uid)
+    secret = await rt.kube.get_secret(namespace, render.secret_name(name), render.TOKEN_KEY)
+    return secret.exists, secret.token
 
 
 def _coordinator_url(service: dict[str, Any] | None) -> str | None:
@@ -327,6 +351,7 @@ async def apply(
         if isinstance(action, planner.Create):
             created = await rt.kube.create(namespace, action.manifest)
             logger.info("%s %s %s", "created" if created else "already exists:", action.kind, action.name)
+            rt.created.add((action.kind, namespace, action.name, meta.get("uid") or ""))
         elif isinstance(action, planner.Delete):
             gone = not await rt.kube.delete(
                 namespace,
@@ -353,10 +378,10 @@ async def request_checkpoint(rt: Runtime, job: dict[str, Any], reason: str, logg
     namespace, name = meta.get("namespace") or "default", meta["name"]
     error = "the coordinator Service has no clusterIP"
     url = _coordinator_url(await rt.kube.get_service(namespace, render.service_name(name)))
-    secret = await rt.kube.get_secret(namespace, render.secret_name(name), render.TOKEN_KEY)
+    _, token = await job_token(rt, namespace, name, meta.get("uid") or "")
     for attempt in range(CHECKPOINT_REQUEST_ATTEMPTS if url else 0):
         try:
-            rid = await rt.coordinator.request_checkpoint(url, secret.token, reason)
+            rid = await rt.coordinator.request_checkpoint(url, token, reason)
             logger.info("checkpoint request %d sent to the coordinator: %s", rid, reason)
             return
         except CoordinatorError as exc:
@@ -405,6 +430,7 @@ def run(
     log_level: str,
     metrics_port: int,
     peering: str | None,
+    network_policy: bool = True,
 ) -> int:
     """`ftjob operator`: kopf standalone, or one of several replicas when `peering` names a kopf peering."""
     logging.basicConfig(
@@ -412,13 +438,27 @@ def run(
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
     )
     logging.getLogger("kopf.objects").addFilter(_QuietWakeups())
+    try:
+        token_key, operator_pods = tokens.key_from_env(), netpol.operator_pods_from_env()
+    except ValueError as exc:  # the chart's environment is malformed: say which variable
+        print(f"ftjob operator: {exc}", file=sys.stderr)
+        return 2
     rt = Runtime(
         namespaces=list(namespaces),
         kubeconfig=kubeconfig,
         metrics_port=metrics_port,
         peering=peering,
         default_image=os.environ.get(DEFAULT_IMAGE_ENV, ""),
+        token_key=token_key,
+        network_policy=network_policy,
+        operator_pods=operator_pods,
     )
+    if rt.token_key is None:
+        log.warning(
+            "%s is not set: job tokens are random and read back from their Secrets (needs get on secrets; "
+            "the chart sets a key so the operator never reads a Secret)",
+            tokens.TOKEN_KEY_ENV,
+        )
     # Peers of equal priority would all stay active (kopf only warns); a random priority per replica makes one
     # active and the others standby until its keep-alives stop.
     priority = secrets.randbelow(2**30) + 1 if peering else None

@@ -40,6 +40,7 @@ _COLLECTIONS = {
     "Pod": "/api/v1/namespaces/{namespace}/pods",
     "Service": "/api/v1/namespaces/{namespace}/services",
     "Secret": "/api/v1/namespaces/{namespace}/secrets",
+    "NetworkPolicy": "/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies",
     api.KIND: f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{{namespace}}/{api.PLURAL}",
 }
 

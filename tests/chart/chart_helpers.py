@@ -21,8 +21,6 @@ TORCH_VERSION = "2.13.0"  # the CPU wheel ./dev installs; PIP_FIND_LINKS=/opt/wh
 HA_NAMESPACED = {
     "replicaCount": "2",
     "peering.enabled": "true",
-    "rbac.namespaced": "true",
-    "networkPolicy.enabled": "true",
     "metrics.serviceMonitor.enabled": "true",
     "watchNamespaces": "{team-a,team-b}",
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import re
 import socket
@@ -14,31 +15,26 @@ import kubernetes_validate
 import pytest
 import yaml
 from chart_helpers import CHART, HA_NAMESPACED, ROOT, find, helm, one, render, set_args
-from ftjob_operator import cli
+from ftjob_operator import cli, network_policy
 from ftjob_operator import metrics as metrics_mod
-from ftjob_trainer import contract
+from ftjob_operator import render as render_mod
+from ftjob_operator.rbac_allowlist import NAMESPACED
 
 K8S_VERSION = "1.32.0"  # the kubectl/helm generation the project ships (tools/fetch_k8s_tools.py)
 RELEASE_NS = "ftjob-system"
 FULLNAME = "t-ftjob"  # release "t" + chart "ftjob"
 SCENARIOS = {
     "defaults": {},
-    "ha-namespaced-netpol": HA_NAMESPACED,
-    "ha-cluster-wide": {"replicaCount": "3", "peering.enabled": "true"},
+    "ha-namespaced": HA_NAMESPACED,
+    "ha-cluster-wide": {"replicaCount": "3", "peering.enabled": "true", "clusterWide": "true"},
 }
 # Kinds outside the official schemas, and how each is checked instead.
 NON_CORE_KINDS = {"ServiceMonitor"}
 
-# What the operator does with each resource, and nothing more (see charts/ftjob/templates/_rbac.tpl); the operator
-# runs under exactly these in test_install_operator_rbac.py, which fails on any 403.
-NAMESPACED_RULES = {
-    ("ftjob.dev", "trainingjobs"): {"get", "list", "watch", "patch", "delete"},
-    ("ftjob.dev", "trainingjobs/status"): {"patch"},
-    ("", "pods"): {"create", "delete", "list", "watch"},
-    ("", "services"): {"create", "get"},
-    ("", "secrets"): {"create", "get"},
-    ("", "events"): {"create"},
-}
+# What the operator does with each resource, and nothing more: its allow-list (operator/ftjob_operator/
+# rbac_allowlist.py, checked rule by rule in test_chart_rbac_allowlist.py); the operator runs under exactly these in
+# test_install_operator_rbac.py, which fails on any 403.
+NAMESPACED_RULES = {(g.group, g.resource): set(g.verbs) for g in NAMESPACED if g.group != "kopf.dev"}
 CLUSTER_RULES = {
     ("", "nodes"): {"list", "watch"},
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
@@ -97,11 +93,43 @@ def test_non_core_kinds_really_have_no_official_schema():
         kubernetes_validate.validate(monitor, K8S_VERSION, strict=True)
 
 
-def test_rbac_is_cluster_wide_by_default_with_exactly_the_operators_verbs():
-    docs = render()
+def test_rbac_by_default_is_a_role_in_the_default_namespace_with_exactly_the_operators_verbs():
+    docs = render(namespace=RELEASE_NS)
+    assert not find(docs, "ClusterRole", name=FULLNAME), (
+        "the default must not grant pods or secrets cluster-wide"
+    )
+    role = one(docs, "Role", namespace="default")
+    assert rules_of(role) == NAMESPACED_RULES
+    binding = one(docs, "RoleBinding", namespace="default")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": FULLNAME}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": RELEASE_NS}]
+    # Cluster-scoped resources cannot be granted by a Role: read-only nodes, CRDs and namespaces.
+    assert rules_of(one(docs, "ClusterRole", name=f"{FULLNAME}-cluster")) == {
+        **CLUSTER_RULES,
+        **NAMESPACE_OBSERVER_RULES,
+    }
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == one(docs, "ServiceAccount")["metadata"]["name"] == FULLNAME
+
+
+def test_watched_namespaces_each_get_a_role_and_peering_its_kopfpeerings():
+    docs = render(HA_NAMESPACED, namespace=RELEASE_NS)
+    for ns in ("team-a", "team-b"):
+        role = one(docs, "Role", namespace=ns)
+        assert rules_of(role) == {**NAMESPACED_RULES, ("kopf.dev", "kopfpeerings"): PEERING_VERBS}
+        binding = one(docs, "RoleBinding", namespace=ns)
+        assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert not find(docs, "Role", namespace="default"), "watchNamespaces replaces the default"
+    no_policy = one(render({"networkPolicy.enabled": "false"}), "Role", namespace="default")
+    assert ("networking.k8s.io", "networkpolicies") not in rules_of(no_policy)
+
+
+def test_cluster_wide_is_an_opt_in_with_one_cluster_role_and_still_no_secret_reads():
+    docs = render({"clusterWide": "true"})
     assert not find(docs, "Role") and not find(docs, "RoleBinding")
     assert rules_of(one(docs, "ClusterRole", name=FULLNAME)) == NAMESPACED_RULES
     assert rules_of(one(docs, "ClusterRole", name=f"{FULLNAME}-cluster")) == CLUSTER_RULES
+    assert NAMESPACED_RULES[("", "secrets")] == {"create"}
     for name in (FULLNAME, f"{FULLNAME}-cluster"):
         binding = one(docs, "ClusterRoleBinding", name=name)
         assert binding["roleRef"] == {
@@ -109,36 +137,8 @@ def test_rbac_is_cluster_wide_by_default_with_exactly_the_operators_verbs():
             "kind": "ClusterRole",
             "name": name,
         }
-        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": RELEASE_NS}]
-    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
-    assert pod["serviceAccountName"] == one(docs, "ServiceAccount")["metadata"]["name"] == FULLNAME
-
-
-def test_namespaced_rbac_puts_namespaced_rules_in_roles_of_each_watched_namespace():
-    docs = render(HA_NAMESPACED, namespace=RELEASE_NS)
-    assert not find(docs, "ClusterRole", name=FULLNAME), (
-        "namespaced mode must not grant pods/secrets cluster-wide"
-    )
-    for ns in ("team-a", "team-b"):
-        role = one(docs, "Role", namespace=ns)
-        assert rules_of(role) == {**NAMESPACED_RULES, ("kopf.dev", "kopfpeerings"): PEERING_VERBS}
-        binding = one(docs, "RoleBinding", namespace=ns)
-        assert binding["roleRef"]["name"] == role["metadata"]["name"]
-        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": RELEASE_NS}]
-    # Cluster-scoped resources cannot be granted by a Role; namespaced peering needs no ClusterKopfPeering.
-    assert rules_of(one(docs, "ClusterRole", name=f"{FULLNAME}-cluster")) == {
-        **CLUSTER_RULES,
-        **NAMESPACE_OBSERVER_RULES,
-    }
-
-
-def test_cluster_wide_rbac_with_watched_namespaces_grants_the_namespace_observer():
-    docs = render({"watchNamespaces": "{team-a}"})
-    assert rules_of(one(docs, "ClusterRole", name=FULLNAME)) == NAMESPACED_RULES
-    assert rules_of(one(docs, "ClusterRole", name=f"{FULLNAME}-cluster")) == {
-        **CLUSTER_RULES,
-        **NAMESPACE_OBSERVER_RULES,
-    }
+    args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not any(a.startswith("--namespace") for a in args), "every namespace"
 
 
 def test_cluster_wide_peering_grants_cluster_peerings_only():
@@ -193,22 +193,48 @@ def test_operator_flags_are_the_ones_ftjob_operator_accepts():
         "--metrics-port=8080",
         "--namespace=team-a",
         "--namespace=team-b",
+        "--network-policy",
         f"--peering={FULLNAME}",
     ]
     # The image's ENTRYPOINT is `ftjob operator`; the real parser must take the chart's flags as they are.
     parsed = cli._parser().parse_args(["operator", *args])
-    assert (parsed.namespaces, parsed.log_level, parsed.metrics_port, parsed.peering) == (
+    assert (
+        parsed.namespaces,
+        parsed.log_level,
+        parsed.metrics_port,
+        parsed.peering,
+        parsed.network_policy,
+    ) == (
         ["team-a", "team-b"],
         "INFO",
         8080,
         FULLNAME,
+        True,
     )
     env = {e["name"]: e for e in container["env"]}
     assert env["FTJOB_DEFAULT_TRAINER_IMAGE"]["value"] == "ghcr.io/ftjob/trainer:0.1.0"
     assert env["POD_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name", "kopf's peering identity"
+    assert set(cli.OPERATOR_ENV) >= set(env), "every variable the chart sets is one the operator reads"
     default_args = one(render(), "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert not any(a.startswith(("--namespace", "--peering")) for a in default_args), (
-        "default: all namespaces, no peering"
+    assert default_args[2:] == ["--namespace=default", "--network-policy"], "default: the default namespace"
+    off = one(render({"networkPolicy.enabled": "false"}), "Deployment")["spec"]["template"]["spec"]
+    assert "--no-network-policy" in off["containers"][0]["args"]
+
+
+def test_the_token_key_reaches_the_operator_through_the_kubelet_and_is_kept():
+    docs = render()
+    secret = one(docs, "Secret", name=f"{FULLNAME}-token-key")
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert len(base64.b64decode(secret["data"]["key"])) == 48
+    env = {e["name"]: e for e in one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    ref = env["FTJOB_TOKEN_KEY"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": f"{FULLNAME}-token-key", "key": "key"}
+    own = render({"tokenKey.existingSecret": "mine"})
+    assert not find(own, "Secret", name=f"{FULLNAME}-token-key")
+    own_env = one(own, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert (
+        next(e for e in own_env if e["name"] == "FTJOB_TOKEN_KEY")["valueFrom"]["secretKeyRef"]["name"]
+        == "mine"
     )
 
 
@@ -218,24 +244,25 @@ def test_rollout_never_overlaps_two_unpeered_operators():
     assert ha["replicas"] == 2 and ha["strategy"]["type"] == "RollingUpdate"
 
 
-def test_network_policy_admits_only_workers_and_the_operator_to_coordinators():
-    assert not find(render(), "NetworkPolicy"), "off by default"
-    docs = render(HA_NAMESPACED, namespace=RELEASE_NS)
-    pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
-    for ns in ("team-a", "team-b"):
-        policy = one(docs, "NetworkPolicy", namespace=ns)["spec"]
-        assert policy["podSelector"] == {"matchLabels": {"ftjob.dev/role": "coordinator"}}
-        assert policy["policyTypes"] == ["Ingress"]
-        workers, operator = policy["ingress"]
-        assert workers["from"] == [{"podSelector": {"matchLabels": {"ftjob.dev/role": "worker"}}}]
-        assert {p["port"] for p in workers["ports"]} == {contract.RDZV_PORT, contract.CONTROL_PORT}
-        (peer,) = operator["from"]
-        assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": RELEASE_NS}}
-        selector = peer["podSelector"]["matchLabels"]
-        assert selector.items() <= pod_labels.items(), "the operator rule must select the operator pods"
-        assert [p["port"] for p in operator["ports"]] == [contract.CONTROL_PORT]
-    explicit = render({"networkPolicy.enabled": "true", "networkPolicy.namespaces": "{ml}"})
-    assert [d["metadata"]["namespace"] for d in find(explicit, "NetworkPolicy")] == ["ml"]
+def test_each_jobs_network_policy_admits_the_operator_pods_the_chart_describes():
+    """The chart makes no NetworkPolicy itself (one cannot name a job); it tells the operator its pods' labels and
+    namespace, which each job's policy (operator/ftjob_operator/network_policy.py) admits to the control API."""
+    docs = render(namespace=RELEASE_NS)
+    assert not find(docs, "NetworkPolicy")
+    pod = one(docs, "Deployment")["spec"]["template"]
+    env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+    environ = {
+        "FTJOB_OPERATOR_POD_LABELS": env["FTJOB_OPERATOR_POD_LABELS"]["value"],
+        "POD_NAMESPACE": RELEASE_NS,  # the fieldRef below, as the kubelet resolves it
+    }
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    operator = network_policy.operator_pods_from_env(environ)
+    assert operator.labels.items() <= pod["metadata"]["labels"].items(), (
+        "the policy must select the operator pods"
+    )
+    ref = render_mod.JobRef("job", "default", "uid")
+    peer = network_policy.render_network_policy(ref, operator)["spec"]["ingress"][1]["from"][0]
+    assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": RELEASE_NS}}
 
 
 def test_metrics_service_pdb_and_servicemonitor_select_the_operator_pods():
@@ -277,7 +304,7 @@ def test_metrics_service_pdb_and_servicemonitor_select_the_operator_pods():
             'logLevel: logLevel must be one of the following: "debug", "info", "warning", "error"',
         ),
         ("watchNamespaces: team-a\n", "watchNamespaces: Invalid type. Expected: array, given: string"),
-        ("rbac:\n  namespaced: 'yes'\n", "rbac.namespaced: Invalid type. Expected: boolean, given: string"),
+        ("clusterWide: 'yes'\n", "clusterWide: Invalid type. Expected: boolean, given: string"),
         ("metrics:\n  port: 80\n", "metrics.port: Must be greater than or equal to 1024"),
         (
             "image:\n  pullPolicy: Sometimes\n",
@@ -299,11 +326,7 @@ def test_values_of_the_wrong_type_are_refused_with_the_schemas_message(tmp_path,
     ("values", "message"),
     [
         ({"replicaCount": "2"}, "replicaCount > 1 needs peering.enabled=true"),
-        ({"rbac.namespaced": "true"}, "rbac.namespaced=true needs watchNamespaces"),
-        (
-            {"networkPolicy.enabled": "true"},
-            "networkPolicy.enabled=true needs networkPolicy.namespaces or watchNamespaces",
-        ),
+        ({"watchNamespaces": "null"}, "watchNamespaces is empty: list the namespaces the operator manages"),
         (
             {"metrics.serviceMonitor.enabled": "true", "metrics.service.enabled": "false"},
             "metrics.serviceMonitor.enabled=true needs metrics.service.enabled=true",
@@ -364,7 +387,9 @@ def test_every_value_has_a_helm_docs_comment():
         "replicaCount",
         "image.tag",
         "peering.enabled",
-        "networkPolicy.namespaces",
+        "networkPolicy.enabled",
+        "clusterWide",
+        "tokenKey.existingSecret",
         "resources.limits.cpu",
     } <= set(documented)
     # The checker itself: an undocumented leaf is reported.

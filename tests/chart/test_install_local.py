@@ -1,5 +1,6 @@
-"""`helm install` of the chart into the embedded local cluster, as a user would: CRDs, RBAC, Deployment, upgrade to
-HA + namespaced RBAC + NetworkPolicy, uninstall, and bad values refused by `helm install` itself.
+"""`helm install` of the chart into the embedded local cluster, as a user would: CRDs, RBAC (a Role in the managed
+namespace), Deployment, upgrade to HA in other namespaces (the token key kept), uninstall, and bad values refused by
+`helm install` itself.
 
 The operator running under the chart's ServiceAccount until a TrainingJob succeeds, and failing when a verb is
 missing, is test_install_operator_rbac.py.
@@ -88,7 +89,10 @@ def test_bad_values_are_refused_by_helm_install(kube_env, tmp_path):
 def test_install_upgrade_uninstall(kube_env):
     run(kube_env, "helm", "install", RELEASE, str(CHART), "-n", NS, "--create-namespace")
     assert "trainingjobs.ftjob.dev" in names(kube_env, "crd"), "helm installs crds/ first"
-    assert {RELEASE, f"{RELEASE}-cluster"} <= names(kube_env, "clusterrole")
+    assert f"{RELEASE}-cluster" in names(kube_env, "clusterrole") and RELEASE not in names(
+        kube_env, "clusterrole"
+    )
+    assert RELEASE in names(kube_env, "role", "default"), "the default install manages the default namespace"
     deployment = get(kube_env, "deployment", RELEASE, "-n", NS)
     assert restricted_violations(deployment["spec"]["template"]["spec"]) == [], "as stored by the API server"
     assert RELEASE in names(kube_env, "serviceaccount", NS)
@@ -98,18 +102,14 @@ def test_install_upgrade_uninstall(kube_env):
         f"---\napiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}}}\n" for ns in ("team-a", "team-b")
     )
     run(kube_env, "kubectl", "apply", "-f", "-", stdin=manifest)
-    ha = {
-        "replicaCount": "2",
-        "peering.enabled": "true",
-        "rbac.namespaced": "true",
-        "networkPolicy.enabled": "true",
-        "watchNamespaces": "{team-a,team-b}",
-    }
+    ha = {"replicaCount": "2", "peering.enabled": "true", "watchNamespaces": "{team-a,team-b}"}
+    key = get(kube_env, "secret", f"{RELEASE}-token-key", "-n", NS)["data"]["key"]
     run(kube_env, "helm", "upgrade", RELEASE, str(CHART), "-n", NS, *set_args(ha))
-    assert RELEASE not in names(kube_env, "clusterrole"), "the cluster-wide grant of pods/secrets is gone"
+    assert RELEASE not in names(kube_env, "clusterrole"), "no cluster-wide grant of pods or secrets"
+    assert get(kube_env, "secret", f"{RELEASE}-token-key", "-n", NS)["data"]["key"] == key, "kept on upgrade"
     for ns in ("team-a", "team-b"):
         assert RELEASE in names(kube_env, "role", ns) and RELEASE in names(kube_env, "rolebinding", ns)
-        assert f"{RELEASE}-coordinator" in names(kube_env, "networkpolicy", ns)
+    assert RELEASE not in names(kube_env, "role", "default"), "watchNamespaces replaced the default"
     assert "kopfpeerings.kopf.dev" in names(kube_env, "crd")
     assert get(kube_env, "deployment", RELEASE, "-n", NS)["spec"]["replicas"] == 2
 
@@ -134,11 +134,12 @@ def test_plain_kubectl_apply_of_the_rendered_chart(kube_env, tmp_path):
     )
     rendered = tmp_path / "ftjob.yaml"
     rendered.write_text(run(kube_env, "helm", "template", "plain", str(CHART), "-n", "ftjob-plain").stdout)
-    run(kube_env, "kubectl", "apply", "-n", "ftjob-plain", "-f", str(rendered))
+    # Every object names its namespace (the Role lands in the managed one): no -n, which would clash with it.
+    run(kube_env, "kubectl", "apply", "-f", str(rendered))
     assert "plain-ftjob" in names(kube_env, "deployment", "ftjob-plain")
-    binding = get(kube_env, "clusterrolebinding", "plain-ftjob")
+    binding = get(kube_env, "rolebinding", "plain-ftjob", "-n", "default")
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "plain-ftjob", "namespace": "ftjob-plain"}
     ]
-    run(kube_env, "kubectl", "delete", "-n", "ftjob-plain", "-f", str(rendered))
-    assert "plain-ftjob" not in names(kube_env, "clusterrole")
+    run(kube_env, "kubectl", "delete", "-f", str(rendered))
+    assert "plain-ftjob-cluster" not in names(kube_env, "clusterrole")

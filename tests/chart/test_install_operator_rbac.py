@@ -3,12 +3,15 @@ then `ftjob operator` runs as a local process with the flags and environment of 
 authenticated as the chart's ServiceAccount (a TokenRequest token in its kubeconfig), so the local API server holds
 every request to the chart's (Cluster)Roles.
 
-- the default install (cluster-wide ClusterRole), HA cluster-wide (ClusterKopfPeering) and HA namespaced (Roles and
-  KopfPeering in watchNamespaces): a TrainingJob runs to Succeeded, its TTL deletes it, and the operator never heard
+- the default install (a Role in `default`), HA cluster-wide (clusterWide: a ClusterRole, ClusterKopfPeering) and HA
+  in another namespace (Roles and KopfPeering in watchNamespaces): a TrainingJob runs to Succeeded, its TTL deletes
+  it, and the operator never heard
   a 403, not even one it survives (a refused event post, a kopf watch that falls back) -- that run sends every verb
   the chart grants, so a chart that lacks one fails here;
 - the same install with one verb taken out of the operator's rule: the server answers 403, the operator says so
-  (log line and an ApiError event on the job), and the job does not succeed.
+  (log line and an ApiError event on the job), and the job does not succeed;
+- least privilege as an outsider sees it: the ServiceAccount cannot get a Secret anywhere (kube-system included,
+  `kubectl auth can-i`), nor create a pod in a namespace the operator does not manage.
 
 Workers run a stand-in trainer (stdlib only) under the real torchrun, with the real coordinator, so the test is about
 the operator's requests and takes seconds per job.
@@ -16,6 +19,7 @@ the operator's requests and takes seconds per job.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -47,14 +51,9 @@ TEAM = "team-a"  # the watched namespace of the namespaced install
 # Installs whose operator must take a job to success: values, and the namespace the job runs in.
 INSTALLS: dict[str, tuple[dict[str, str], str]] = {
     "defaults": ({}, "default"),
-    "ha-cluster-wide": ({"replicaCount": "2", "peering.enabled": "true"}, "default"),
+    "ha-cluster-wide": ({"replicaCount": "2", "peering.enabled": "true", "clusterWide": "true"}, "default"),
     "ha-namespaced": (
-        {
-            "replicaCount": "2",
-            "peering.enabled": "true",
-            "rbac.namespaced": "true",
-            "watchNamespaces": "{" + TEAM + "}",
-        },
+        {"replicaCount": "2", "peering.enabled": "true", "watchNamespaces": "{" + TEAM + "}"},
         TEAM,
     ),
 }
@@ -63,7 +62,7 @@ INSTALLS: dict[str, tuple[dict[str, str], str]] = {
 MISSING_VERBS = {
     "defaults-pods-create": (
         "defaults",
-        ("ClusterRole", "pods", "create"),
+        ("Role", "pods", "create"),
         'cannot create resource "pods"',
     ),
     "ha-namespaced-status-patch": (
@@ -96,24 +95,31 @@ print("stand-in trainer: done", flush=True)
 class ChartOperator(OperatorProcess):
     """`ftjob operator` as a local process with the chart Deployment's args and env."""
 
-    def __init__(self, deployment: dict[str, Any], kubeconfig: Path, log_path: Path):
+    def __init__(self, deployment: dict[str, Any], kubeconfig: Path, log_path: Path, secret_value):
         container = next(
             c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "operator"
         )
         # The chart's metrics port is the pod's own; on this machine OperatorProcess takes a free one (the probes'
         # port does not matter to RBAC).
         args = [a for a in container["args"] if not a.startswith("--metrics-port=")]
-        env = {**os.environ, **self._container_env(container, deployment["metadata"]["namespace"])}
+        env = {
+            **os.environ,
+            **self._container_env(container, deployment["metadata"]["namespace"], secret_value),
+        }
         super().__init__(kubeconfig, log_path, args=args, env=env, cwd=ROOT)
 
     @staticmethod
-    def _container_env(container: dict[str, Any], namespace: str) -> dict[str, str]:
-        """The container's env as the kubelet would resolve it for a pod named ftjob-local-operator."""
+    def _container_env(container: dict[str, Any], namespace: str, secret_value) -> dict[str, str]:
+        """The container's env as the kubelet would resolve it for a pod named ftjob-local-operator (a
+        secretKeyRef read with the administrator's credentials, as the kubelet reads it: never the operator's)."""
         field_values = {"metadata.name": "ftjob-local-operator", "metadata.namespace": namespace}
         out = {}
         for var in container.get("env") or []:
             if "value" in var:
                 out[var["name"]] = var["value"]
+            elif "secretKeyRef" in var["valueFrom"]:
+                ref = var["valueFrom"]["secretKeyRef"]
+                out[var["name"]] = secret_value(namespace, ref["name"], ref["key"])
             else:
                 path = var["valueFrom"]["fieldRef"]["fieldPath"]
                 assert path in field_values, (
@@ -180,6 +186,19 @@ class Cluster:
         )
         return path
 
+    def secret_value(self, namespace: str, name: str, key: str) -> str:
+        data = self.core.read_namespaced_secret(name, namespace).data or {}
+        return base64.b64decode(data[key]).decode()
+
+    def can_i(self, sa: str, *args: str) -> str:
+        """`kubectl auth can-i ... --as` the ServiceAccount: "yes" or "no"."""
+        proc = subprocess.run(
+            [tool("kubectl"), "auth", "can-i", *args, f"--as=system:serviceaccount:{NS}:{sa}"],
+            capture_output=True, text=True, env=self.env, timeout=60,
+        )  # fmt: skip
+        assert proc.stdout.strip() in ("yes", "no"), proc.stdout + proc.stderr
+        return proc.stdout.strip()
+
     def create_job(self, namespace: str, name: str) -> None:
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
@@ -237,7 +256,7 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
     stand_in.write_text(DONE_TRAINER)
     with local_cluster(root / "cluster", nodes=1, spot_nodes=0) as local:
         made = Cluster(local, root, stand_in)
-        # rbac.namespaced puts Roles into watchNamespaces, which must exist first (the chart's README says so).
+        # The chart puts Roles into watchNamespaces, which must exist first (the chart's README says so).
         made.core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=TEAM)))
         yield made
         made.admin.close()
@@ -249,7 +268,9 @@ def operator_for(cluster: Cluster, tmp_path: Path) -> Iterator[Callable[[dict[st
     started: list[ChartOperator] = []
 
     def start(deployment: dict[str, Any]) -> ChartOperator:
-        op = ChartOperator(deployment, cluster.sa_kubeconfig(deployment), tmp_path / "operator.log")
+        op = ChartOperator(
+            deployment, cluster.sa_kubeconfig(deployment), tmp_path / "operator.log", cluster.secret_value
+        )
         started.append(op)
         op.start()
         return op
@@ -341,27 +362,45 @@ def test_sa_token_is_held_to_the_charts_rbac(cluster):
     sa_client = k8s_config.new_client_from_config(config_file=str(cluster.sa_kubeconfig(deployment)))
     sa_core = k8s.CoreV1Api(sa_client)
     try:
-        assert sa_core.list_pod_for_all_namespaces().items is not None  # granted cluster-wide by default
+        assert sa_core.list_namespaced_pod("default").items is not None  # granted in the managed namespace
         with pytest.raises(ApiException) as refused:
             sa_core.list_namespaced_config_map(NS)  # never granted
+        with pytest.raises(ApiException) as elsewhere:
+            sa_core.list_pod_for_all_namespaces()  # only the managed namespaces, by default
     finally:
         sa_client.close()
     message = json.loads(refused.value.body)["message"]
     assert refused.value.status == 403 and 'cannot list resource "configmaps"' in message, message
+    assert elsewhere.value.status == 403
+
+
+@pytest.mark.parametrize("scenario", ["defaults", "ha-cluster-wide"])
+def test_the_operator_reads_no_secret_and_creates_no_pod_where_it_does_not_manage(cluster, scenario):
+    """kubectl auth can-i, as the ServiceAccount: no Secret can be read anywhere, not even with clusterWide; by
+    default a pod can be created only in the managed namespace."""
+    values, _ = INSTALLS[scenario]
+    sa = cluster.helm_install(values)["spec"]["template"]["spec"]["serviceAccountName"]
+    for ns in ("kube-system", "default", NS):
+        for verb in ("get", "list", "watch"):
+            assert cluster.can_i(sa, verb, "secrets", "-n", ns) == "no", (verb, ns)
+    assert cluster.can_i(sa, "create", "secrets", "-n", "default") == "yes"
+    assert cluster.can_i(sa, "create", "pods", "-n", "default") == "yes"
+    unmanaged = "yes" if values.get("clusterWide") == "true" else "no"
+    assert cluster.can_i(sa, "create", "pods", "-n", TEAM) == unmanaged
+    assert cluster.can_i(sa, "create", "pods", "-n", "kube-system") == unmanaged
 
 
 @pytest.mark.parametrize("scenario", sorted(INSTALLS))
 def test_installed_operator_runs_a_job_to_success_with_no_403(cluster, operator_for, scenario):
     values, namespace = INSTALLS[scenario]
     deployment = cluster.helm_install(values)
-    if values.get("rbac.namespaced") == "true":
-        cluster_roles = {r.metadata.name for r in cluster.rbac.list_cluster_role().items}
-        assert RELEASE not in cluster_roles, (
-            "namespaced RBAC grants pods, secrets and jobs only through Roles"
-        )
+    cluster_roles = {r.metadata.name for r in cluster.rbac.list_cluster_role().items}
+    assert (RELEASE in cluster_roles) == (values.get("clusterWide") == "true"), (
+        "only clusterWide grants pods, secrets and jobs through a ClusterRole"
+    )
     op = operator_for(deployment)
     watched = [a.split("=", 1)[1] for a in op.args if a.startswith("--namespace=")]
-    assert watched == ([namespace] if "watchNamespaces" in values else []), op.args
+    assert watched == ([] if values.get("clusterWide") == "true" else [namespace]), op.args
     assert any(a.startswith("--peering=") for a in op.args) == (values.get("peering.enabled") == "true")
     run_to_success(cluster, op, namespace, f"ok-{scenario}")
 

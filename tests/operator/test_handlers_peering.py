@@ -43,7 +43,7 @@ def replicas(tmp_path):
             kubectl = [find_kubectl(), "--kubeconfig", str(cluster.kubeconfig)]
             peering_crds = subprocess.run(
                 [str(REPO / ".venv" / "bin" / "helm"), "template", "x", str(REPO / "charts" / "ftjob"),
-                 "--set", "peering.enabled=true", "--show-only", "templates/peering-crds.yaml"],
+                 "--set", "peering.enabled=true", "--set", "clusterWide=true", "--show-only", "templates/peering-crds.yaml"],
                 check=True, capture_output=True, text=True, timeout=60,
             ).stdout  # fmt: skip
             subprocess.run([*kubectl, "apply", "-f", "-"], input=peering_crds, check=True, capture_output=True,

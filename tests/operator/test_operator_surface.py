@@ -182,8 +182,10 @@ def test_ftjob_operator_passes_its_flags_to_the_handlers(monkeypatch):
         "log_level": "DEBUG",
         "metrics_port": 8080,
         "peering": "p",
+        "network_policy": True,
     }
     assert cli.main(["operator"]) == 0 and seen["namespaces"] == []  # all namespaces
+    assert cli.main(["operator", "--no-network-policy"]) == 0 and seen["network_policy"] is False
 
 
 def test_ftjob_operator_rejects_a_bad_port(capsys):

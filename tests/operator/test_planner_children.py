@@ -1,8 +1,10 @@
-"""The children: what a pass creates and deletes (Secret, Service, coordinator, workers; scale; deferred deletes)."""
+"""The children: what a pass creates and deletes (Secret, NetworkPolicy, Service, coordinator, workers; scale;
+deferred deletes)."""
 
 from __future__ import annotations
 
 import pytest
+from ftjob_operator.network_policy import OperatorPods
 from ftjob_operator.planner import Create, Delete, Observed, plan
 from ftjob_trainer import contract
 from tj_builders import (
@@ -32,6 +34,34 @@ def test_first_pass_creates_secret_and_service_then_pods_once_the_service_has_an
     assert condition(second.status, "Created")["status"] == "True"
     assert second.status["startTime"] == "2026-01-01T12:00:00Z"
     assert "Created" in reasons(second)
+
+
+def test_the_network_policy_is_created_once_before_the_coordinator_and_admits_the_operator():
+    operator = OperatorPods("ftjob-system", {"app.kubernetes.io/name": "ftjob"})
+    first = plan(Observed(job=job(), new_token="t", network_policy=True, operator_pods=operator), NOW)
+    assert [a.kind for a in first.of(Create)] == ["Secret", "NetworkPolicy", "Service"]
+    policy = next(a.manifest for a in first.of(Create) if a.kind == "NetworkPolicy")
+    assert policy["metadata"]["name"] == "tj-coordinator" and policy["metadata"]["ownerReferences"]
+    assert policy["spec"]["podSelector"]["matchLabels"] == {
+        "ftjob.dev/job-name": "tj",
+        "ftjob.dev/role": "coordinator",
+    }
+    job_pods, operator_pods = policy["spec"]["ingress"]
+    assert job_pods["from"] == [{"podSelector": {"matchLabels": {"ftjob.dev/job-name": "tj"}}}]
+    assert [p["port"] for p in job_pods["ports"]] == [contract.RDZV_PORT, contract.CONTROL_PORT]
+    assert operator_pods["from"][0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "ftjob-system"
+    }
+    assert [p["port"] for p in operator_pods["ports"]] == [contract.CONTROL_PORT]
+
+    made = Observed(job=job(), secret_exists=True, network_policy=True, network_policy_exists=True)
+    assert [a.kind for a in plan(made, NOW).of(Create)] == ["Service"]
+    # An operator outside the cluster: only the job's own pods are admitted; no policy when turned off.
+    outside = plan(Observed(job=job(), secret_exists=True, network_policy=True), NOW)
+    assert (
+        len(next(a.manifest for a in outside.of(Create) if a.kind == "NetworkPolicy")["spec"]["ingress"]) == 1
+    )
+    assert [a.kind for a in plan(Observed(job=job(), secret_exists=True), NOW).of(Create)] == ["Service"]
 
 
 def test_service_without_cluster_ip_creates_no_workers():

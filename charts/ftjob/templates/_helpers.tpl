@@ -61,10 +61,9 @@ app.kubernetes.io/component: operator
 {{- default (include "ftjob.fullname" .) .Values.peering.name }}
 {{- end }}
 
-{{/* Namespaces that get NetworkPolicies: networkPolicy.namespaces, else watchNamespaces. */}}
-{{- define "ftjob.networkPolicyNamespaces" -}}
-{{- $ns := .Values.networkPolicy.namespaces | default .Values.watchNamespaces }}
-{{- toJson $ns }}
+{{/* The Secret holding the operator's token key (tokens.py). */}}
+{{- define "ftjob.tokenKeySecret" -}}
+{{- default (printf "%s-token-key" (include "ftjob.fullname" .)) .Values.tokenKey.existingSecret }}
 {{- end }}
 
 {{/*
@@ -74,10 +73,7 @@ Cross-value checks the schema cannot express clearly; each message says what to 
 {{- if and (gt (int .Values.replicaCount) 1) (not .Values.peering.enabled) }}
 {{- fail "replicaCount > 1 needs peering.enabled=true: without kopf peering every replica would reconcile the same TrainingJobs" }}
 {{- end }}
-{{- if and .Values.rbac.namespaced (empty .Values.watchNamespaces) }}
-{{- fail "rbac.namespaced=true needs watchNamespaces: list the namespaces the operator may act in" }}
-{{- end }}
-{{- if and .Values.networkPolicy.enabled (empty (include "ftjob.networkPolicyNamespaces" . | fromJsonArray)) }}
-{{- fail "networkPolicy.enabled=true needs networkPolicy.namespaces or watchNamespaces: a NetworkPolicy is namespaced, so list where TrainingJobs run" }}
+{{- if and (not .Values.clusterWide) (empty .Values.watchNamespaces) }}
+{{- fail "watchNamespaces is empty: list the namespaces the operator manages, or set clusterWide=true to manage every namespace (wider permissions)" }}
 {{- end }}
 {{- end }}

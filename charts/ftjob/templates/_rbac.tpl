@@ -24,9 +24,17 @@ operator under exactly these rules and fails on any 403. */}}
 - apiGroups: [""]
   resources: [services]
   verbs: [create, get]
+# The token Secret is created, never read: the operator derives the token from its key (tokens.py), so it cannot
+# read any Secret, its own jobs' included.
 - apiGroups: [""]
   resources: [secrets]
-  verbs: [create, get]
+  verbs: [create]
+{{- if .Values.networkPolicy.enabled }}
+# Children: the job's NetworkPolicy (network_policy.py), created once and owned by the job; never read back.
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [create]
+{{- end }}
 # Events that say why pods were replaced (preemption vs failure); kopf posts its warnings too. Posted, never patched.
 - apiGroups: [""]
   resources: [events]

@@ -1,4 +1,4 @@
-"""The children: what to create (Secret, Service, coordinator, workers) and what to delete (older generations,
+"""The children: what to create (Secret, NetworkPolicy, Service, coordinator, workers) and what to delete (older generations,
 retired pods), so that a stale list or an operator restart never makes a second pod for one slot.
 
 Pod names come from `status.operator.nextPodIndex` and the largest index observed; a created pod stays in
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import conditions as cond
-from .. import render
+from .. import network_policy, render
 from .context import FOLLOW_UP_SECONDS, Context, Create
 from .observed import pod_index, pod_name, pod_role
 
@@ -39,7 +39,7 @@ def _create(ctx: Context, manifest: dict[str, Any]) -> None:
         ctx.st.operator.pending_pods.append(manifest["metadata"]["name"])
 
 
-# step: Secret, Service, coordinator, workers
+# step: Secret, NetworkPolicy (before the coordinator, so it is never reachable without one), Service, pods
 def ensure(ctx: Context) -> None:
     if not ctx.o.secret_exists:
         if not ctx.o.new_token:
@@ -47,6 +47,8 @@ def ensure(ctx: Context) -> None:
                 "Observed.new_token is empty: the handler must pass a fresh token for the Secret"
             )
         ctx.actions.append(Create(render.render_secret(ctx.ref, ctx.o.new_token)))
+    if ctx.o.network_policy and not ctx.o.network_policy_exists:
+        ctx.actions.append(Create(network_policy.render_network_policy(ctx.ref, ctx.o.operator_pods)))
     if ctx.o.service is None:
         ctx.actions.append(Create(render.render_service(ctx.ref)))
     cluster_ip = ((ctx.o.service or {}).get("spec") or {}).get("clusterIP")

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import render
+from ..network_policy import OperatorPods
 
 # Waiting reasons that will not fix themselves: count as a failure instead of waiting forever.
 FATAL_WAITING_REASONS = frozenset(
@@ -37,7 +38,13 @@ class Observed:
     service: dict[str, Any] | None = None  # the coordinator Service, if it exists
     secret_exists: bool = False
     progress: dict[str, Any] | None = None  # GET /v1/progress from the coordinator, when it answered
-    new_token: str = ""  # a fresh random token, used only when the Secret has to be created
+    # the token for the Secret, used only when it has to be created (tokens.py: derived, or a fresh random one)
+    new_token: str = ""
+    # The job's NetworkPolicy (network_policy.py): whether the operator makes one (`--network-policy`), whether it
+    # exists, and the operator's pods it admits to the control API (None: an operator outside the cluster).
+    network_policy: bool = False
+    network_policy_exists: bool = False
+    operator_pods: OperatorPods | None = None
     # The operator's default trainer image (env FTJOB_DEFAULT_TRAINER_IMAGE, set by the chart), for jobs without
     # spec.image; "" when the operator has none.
     default_image: str = ""
