@@ -1,12 +1,15 @@
-"""Bring your own model and data to ftjob's trainer.
+"""Bring your own model and data to ftjob's trainer. Run it as written, from the repository root, after ./dev setup
+(the folder holding `examples/` goes on PYTHONPATH):
 
-    torchrun --nproc-per-node=2 -m ftjob_trainer.train \
+    export PATH=$PWD/.venv/bin:$PATH
+    PYTHONPATH=$PWD torchrun --nproc-per-node=2 -m ftjob_trainer.train \
         --model-factory examples.custom_model:make_model \
         --data-factory examples.custom_model:make_data \
         --seq-len 64 --global-batch-size 8 --steps 100 --checkpoint-dir /tmp/ckpt
 
-(the folder holding `examples/` must be on PYTHONPATH). Everything else works as with the built-in models:
-FSDP2 sharding, checkpoints, preemption saves, exact resume, resharding.
+Everything else works as with the built-in models: FSDP2 sharding, checkpoints, preemption saves, exact resume,
+resharding. In a TrainingJob, the same two flags go into spec.trainer.flags (model-factory, data-factory) and the
+module into the trainer image. tests/trainer/test_trainer_examples_and_data.py runs these flags, twice (a resume).
 
 The model factory takes no arguments and returns an nn.Module that
   - maps LongTensor tokens [batch, seq] to logits [batch, seq, vocab_size],
