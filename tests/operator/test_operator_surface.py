@@ -99,8 +99,23 @@ def test_status_field_names_and_vocabularies():
         "startTime",
         "completionTime",
         "lastFailure",
+        "progress",
         "operator",
     ]
+    assert _fields(api.ProgressStatus) == [
+        "percent",
+        "totalSteps",
+        "etaSeconds",
+        "stepsPerSecond",
+        "tokensPerSecond",
+        "elapsedSeconds",
+        "keptSeconds",
+        "goodput",
+        "lost",
+        "updatedAt",
+    ]
+    assert _fields(api.LostStatus) == ["preemptions", "failures"]
+    assert _fields(api.LostTime) == ["seconds", "steps"]
     assert _fields(api.OperatorStatus) == [
         "restartGeneration",
         "nextPodIndex",
@@ -115,6 +130,10 @@ def test_status_field_names_and_vocabularies():
         "retiredPods",
         "pendingPods",
         "noticedPods",
+        "run",
+        "interruption",
+        "noticedAt",
+        "suspendedSeconds",
     ]
     assert _fields(api.Condition) == [
         "type",

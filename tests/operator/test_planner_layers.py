@@ -14,6 +14,7 @@ PACKAGE = Path(ftjob_operator.__file__).parent
 PLANNER_LAYERS = [
     "observed",
     "context",
+    "progress",
     "lifecycle",
     "preemption",
     "losses",

@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 from ftjob_trainer import contract
+from ftjob_trainer.contract import parse_time
 from torch.distributed import TCPStore
 from trainer_testlib import (
     TINY,
@@ -120,6 +121,13 @@ def test_checkpoint_request_saves_on_all_ranks_and_training_continues(procs, tmp
     code, progress = http("GET", base + "/v1/progress", TOKEN)
     assert progress["handledRequestId"] == req["id"] and progress["step"] == 80 and progress["worldSize"] == 2
     assert progress["lastCheckpoint"]["step"] == 80 and progress["loss"] == pytest.approx(doc["loss"])
+    # What the operator's progress, ETA and goodput come from: the run, its first step, the last step's time.
+    run = progress["run"]
+    assert (progress["totalSteps"], run["resumedFromStep"], run["resumedStepTime"]) == (80, 0, None)
+    started, first, last = (
+        parse_time(t) for t in (run["startedAt"], run["firstStepTime"], progress["stepTime"])
+    )
+    assert started < first < last and progress["tokensPerSecond"] > 0
 
 
 def test_two_coordinators_on_two_addresses_share_the_ports(procs):

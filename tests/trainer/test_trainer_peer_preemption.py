@@ -8,6 +8,7 @@ import os
 import signal
 
 import pytest
+from ftjob_trainer.contract import parse_time
 from trainer_testlib import (
     TINY,
     events_of,
@@ -89,3 +90,8 @@ def test_sigterm_to_one_agent_both_save_same_step_survivor_restarts(procs, tmp_p
     assert read_json(tmp_path / "b.term")["reason"] == "done"
     _, progress = http("GET", f"http://127.0.0.1:{ports['controlPort']}/v1/progress", TOKEN)
     assert progress["step"] == STEPS and progress["worldSize"] == 1
+    # The survivor's run says where it resumed and when that step was trained (before the stop was agreed).
+    run = progress["run"]
+    assert run["resumedFromStep"] == saved
+    trained, first = (parse_time(run[k]).timestamp() for k in ("resumedStepTime", "firstStepTime"))
+    assert trained <= agreed["time"] < first

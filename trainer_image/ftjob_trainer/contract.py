@@ -54,6 +54,12 @@ ROUTE_ERROR = "/v1/error"
 ENV_POD_NAME = "POD_NAME"  # the worker pod's name (fieldRef), named in error reports
 # Progress document keys (GET /v1/progress):
 #   step: int | None, loss: float | None, worldSize: int | None, updatedAt: RFC 3339 str | None,
+#   stepTime: RFC 3339 | None (when `step` finished), totalSteps: int | None (the step the run ends at),
+#   tokensPerSecond: float | None (over the last few steps, checkpoint stalls included),
+#   run: {"startedAt": RFC 3339 (rank 0's process start: it names the run), "resumedFromStep": int (0: fresh),
+#         "resumedStepTime": RFC 3339 | None (when that step was first trained, from the checkpoint),
+#         "firstStepTime": RFC 3339 | None (when this run finished its first step)} | None
+#   (rank 0 posts all of these with every progress post; times of the trainer carry microseconds)
 #   lastCheckpoint: {"step": int, "path": str, "time": RFC 3339 str} | None,
 #   checkpointRequest: {"id": int, "reason": str} | None   (the newest request; rank 0 compares ids)
 #   handledRequestId: int   (the newest request id a committed checkpoint answered)

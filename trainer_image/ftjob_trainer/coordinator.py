@@ -33,8 +33,12 @@ def now_rfc3339() -> str:
 
 PROGRESS_FIELDS = {
     "step": int,
+    "stepTime": str,
     "loss": float,
     "worldSize": int,
+    "totalSteps": int,
+    "tokensPerSecond": float,
+    "run": dict,
     "lastCheckpoint": dict,
     "handledRequestId": int,
 }
@@ -60,8 +64,12 @@ class State:
         self.lock = threading.Lock()
         self.progress: dict[str, Any] = {
             "step": None,
+            "stepTime": None,
             "loss": None,
             "worldSize": None,
+            "totalSteps": None,
+            "tokensPerSecond": None,
+            "run": None,
             "updatedAt": None,
             "lastCheckpoint": None,
             "checkpointRequest": None,

@@ -32,6 +32,7 @@ from ftjob_trainer.preemption import (
     report_error,
     write_termination_message,
 )
+from ftjob_trainer.progress import STEP_TIME_KEY, RunProgress
 
 log = logging.getLogger("ftjob.train")
 REPORT_EVERY_MAX = 10  # the report is rewritten at least this often (issue 3)
@@ -135,6 +136,7 @@ class Trainer:
             "model": self.cfg.model.model_factory or self.cfg.model.name,
             "global_batch_size": self.cfg.data.global_batch_size,
             "reason": reason,
+            STEP_TIME_KEY: self.progress.step_time,  # a resume reports when the step it resumed from was trained
         }
 
     def on_commit(self, step: int, path: str, request_id: int | None) -> None:
@@ -144,6 +146,10 @@ class Trainer:
             if request_id:
                 fields["handledRequestId"] = request_id
             self.client.post_progress(**fields)
+
+    def post_progress(self) -> None:
+        if self.client:
+            self.client.post_progress(**self.progress.document(self.report["loss"], self.world_size))
 
     def global_loss(self, loss: torch.Tensor) -> float:
         t = loss.detach().clone()
@@ -215,6 +221,9 @@ class Trainer:
         self.write_report()
         report_every = min(cfg.run.log_every, REPORT_EVERY_MAX)
         tokens_per_step = cfg.data.global_batch_size * cfg.data.seq_len
+        self.progress = RunProgress(
+            cfg.run.steps, tokens_per_step, step, meta.get(STEP_TIME_KEY), started_at=events.STARTED_AT
+        )
         t0, steps_timed = time.perf_counter(), 0
         if step < cfg.run.steps:  # a signal during startup or loading: stop before training a step
             agreed = agree(self.signalled(), 0, self.deficit())
@@ -226,6 +235,7 @@ class Trainer:
             )
             step += 1
             self.step = step
+            self.progress.step_done(step)
             steps_timed += 1
             if steps_timed == 1:
                 events.emit(contract.EVENT_FIRST_STEP, step=step, seconds=round(events.since_start(), 4))
@@ -246,8 +256,11 @@ class Trainer:
                     if self.rank == 0:
                         events.emit(contract.EVENT_STEP, step=step, loss=value, tokens_per_s=round(rate, 1))
                 self.write_report()
-            if self.client and step % cfg.preemption.progress_every == 0:
-                self.client.post_progress(step=step, worldSize=self.world_size, loss=self.report["loss"])
+            # the first step of a run too: the operator measures the recovery up to it
+            if self.client and (
+                steps_timed == 1 or step % cfg.preemption.progress_every == 0 or step == cfg.run.steps
+            ):
+                self.post_progress()
             agreed = agree(
                 self.signalled(),
                 self.client.latest_request if self.client else 0,
@@ -308,6 +321,7 @@ class Trainer:
         return (estimate + self.ckpt.pending_seconds()) * SAVE_MARGIN - left
 
     def stop(self, step: int, deficit: float) -> int:
+        self.post_progress()  # the step it stops at: the operator counts steps trained twice against it
         reason = contract.REASON_PREEMPTED if self.signals.received else contract.REASON_PEER
         who = f"signal {self.signals.received}" if self.signals.received else "a peer's stop"
         events.emit(

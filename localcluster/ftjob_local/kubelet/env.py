@@ -16,7 +16,9 @@ from ..client import Obj
 from .container import DEFAULT_TERMINATION_PATH, ENV_MOUNTS, ConfigError, Ctr, expand, rewrite_paths
 from .pod import PodBase
 
-_HOST_ENV = ("HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "USER", "LOGNAME")
+# PYTHONPATH too: containers run ftjob's own Python, so they import the same ftjob as the node agent (a source
+# checkout run with PYTHONPATH gets its own trainer in the pods, not whichever one the interpreter has installed).
+_HOST_ENV = ("HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "USER", "LOGNAME", "PYTHONPATH")
 
 
 class PodEnvironment(PodBase):

@@ -72,6 +72,108 @@ class FailureStatus(StatusModel):
     )
 
 
+class LostTime(StatusModel):
+    """What one cause cost: time and steps."""
+
+    seconds: float = Field(
+        0.0,
+        ge=0,
+        description="seconds lost: for each resume after this cause, from the last kept step (the one the resume "
+        "loaded, or the previous run's first step if that is later) to the first step after the resume; this "
+        "includes the time spent training the steps that were trained again.",
+    )
+    steps: int = Field(
+        0,
+        ge=0,
+        description="steps trained twice: the steps a run trained after the step its successor resumed from.",
+    )
+
+
+class LostStatus(StatusModel):
+    """Training time and steps lost, by cause."""
+
+    preemptions: LostTime = Field(default_factory=LostTime, description="preemptions: lost to preemptions.")
+    failures: LostTime = Field(default_factory=LostTime, description="failures: lost to failures.")
+
+
+class ProgressStatus(StatusModel):
+    """Progress, speed and goodput, from what the trainer reports (the coordinator's progress) and what the operator
+    observes. Updated when the operator sees a new step and when the job ends, never more often."""
+
+    percent: float | None = Field(
+        None, ge=0, le=100, description="percent of the run's steps done (status.step / totalSteps)."
+    )
+    total_steps: int | None = Field(
+        None, description="totalSteps is the step the run ends at (the trainer's, else spec.trainer.steps)."
+    )
+    eta_seconds: int | None = Field(
+        None,
+        ge=0,
+        description="etaSeconds estimates the seconds until the last step at the recent step rate (interruptions "
+        "to come are not in it).",
+    )
+    steps_per_second: float | None = Field(
+        None, description="stepsPerSecond is the recent step rate, between the last steps the operator saw."
+    )
+    tokens_per_second: float | None = Field(
+        None,
+        description="tokensPerSecond is the trainer's recent throughput (rank 0, over its last 20 steps).",
+    )
+    elapsed_seconds: float = Field(
+        0.0,
+        ge=0,
+        description="elapsedSeconds is the wall time since the job's first pods were created, up to updatedAt, "
+        "not counting time suspended.",
+    )
+    kept_seconds: float = Field(
+        0.0,
+        ge=0,
+        description="keptSeconds is the training time of the steps that were kept: each trainer run's time from "
+        "its first step to its newest, less the time of the steps a later run trained again.",
+    )
+    goodput: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="goodput is keptSeconds / elapsedSeconds: the fraction of the job's wall time that produced "
+        "training steps that were kept. Start-up, interruptions and restarts lower it.",
+    )
+    lost: LostStatus = Field(
+        default_factory=LostStatus,
+        description="lost is the training time and steps lost to preemptions and to failures, separately.",
+    )
+    updated_at: str | None = Field(
+        None,
+        description="updatedAt is when these figures were computed (a new step seen, or the end of the job).",
+        json_schema_extra={"format": "date-time"},
+    )
+
+
+class TrainerRunStatus(StatusModel):
+    """The trainer run last accounted for. A run is one rank-0 trainer process: torchrun restarts every worker on a
+    membership change, so each resume is a new run."""
+
+    started_at: str = Field(..., description="startedAt names the run: when its rank-0 process started.")
+    resumed_from_step: int = Field(0, description="resumedFromStep is the step it loaded (0: a fresh start).")
+    first_step_time: str = Field(..., description="firstStepTime is when it finished its first step.")
+    step: int = Field(..., description="step is its newest step accounted for.")
+    step_time: str = Field(..., description="stepTime is when that step finished.")
+
+
+class InterruptionStatus(StatusModel):
+    """The preemption or failure that resumes are charged to (status.progress.lost)."""
+
+    cause: Literal["preemption", "failure"] = Field(..., description="cause is preemption or failure.")
+    since: str = Field(
+        ...,
+        description="since is when it began: the termination notice, else the loss.",
+        json_schema_extra={"format": "date-time"},
+    )
+    resumed: bool = Field(
+        False, description="resumed is true once a run trained after it (its recovery time is observed once)."
+    )
+
+
 def names_set(description: str) -> Any:
     return Field(
         default_factory=list, description=description, json_schema_extra={"x-kubernetes-list-type": "set"}
@@ -132,6 +234,21 @@ class OperatorStatus(StatusModel):
     )
     noticed_pods: list[str] = names_set(
         "noticedPods are pods whose termination notice already triggered a checkpoint request."
+    )
+    # What status.progress is accounted from (planner/progress.py).
+    run: TrainerRunStatus | None = Field(None, description="run is the trainer run last accounted for.")
+    interruption: InterruptionStatus | None = Field(
+        None,
+        description="interruption is the preemption or failure that resumes are charged to, until the job trains "
+        "at its full size again.",
+    )
+    noticed_at: str | None = Field(
+        None,
+        description="noticedAt is when a termination notice was first seen since the last counted loss.",
+        json_schema_extra={"format": "date-time"},
+    )
+    suspended_seconds: float = Field(
+        0.0, ge=0, description="suspendedSeconds is the time the job spent suspended (not elapsed time)."
     )
 
 
@@ -215,6 +332,11 @@ class TrainingJobStatus(StatusModel):
         json_schema_extra={"format": "date-time"},
     )
     last_failure: FailureStatus | None = Field(None, description="lastFailure is the last counted failure.")
+    progress: ProgressStatus | None = Field(
+        None,
+        description="progress is how far the run is, its speed and ETA, its goodput and what preemptions and "
+        "failures cost.",
+    )
     operator: OperatorStatus = Field(
         default_factory=OperatorStatus,
         description="operator is the operator's own bookkeeping (what keeps it idempotent across restarts); "

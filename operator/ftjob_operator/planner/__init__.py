@@ -4,6 +4,7 @@ Written like JobSet's reconcile (reconcile.py): one Context passed through order
 policy in its own module, imports pointing down:
   observed.py    the observed world: `Observed`, `Nodes`, reading a pod
   context.py     the pass's Context, the actions and `Plan` it produces, `Ending` (how a pass ended)
+  progress.py    status.progress: percent, ETA, throughput, goodput, time and steps lost per cause
   lifecycle.py   a usable spec, suspend/resume, an edited template, success, finish and TTL; new generations
   preemption.py  what proves a preemption, counting it, the limit, the termination notice, recovery
   losses.py      the loss classification: which pods were lost, preemption or failure or collateral

@@ -69,10 +69,21 @@ Action = Create | Delete | RequestCheckpoint | Event
 
 
 @dataclass(frozen=True)
+class Recovery:
+    """A run trained again after an interruption: seconds from its notice (or the loss) to that first step."""
+
+    cause: str  # preemption | failure
+    seconds: float
+
+
+@dataclass(frozen=True)
 class Plan:
     actions: tuple[Action, ...]
     status: dict[str, Any]
     requeue_after: float | None = None  # seconds; None: wait for the next change
+    recoveries: tuple[
+        Recovery, ...
+    ] = ()  # observed once each (the run that ends one is persisted in the status)
 
     def of(self, kind: type) -> list[Any]:
         return [a for a in self.actions if isinstance(a, kind)]
@@ -133,6 +144,7 @@ class Context:
         self.actions: list[Action] = []
         self.events: list[Event] = []
         self.requeue: float | None = None
+        self.recoveries: list[Recovery] = []
         self.nodes = Nodes(observed.nodes)
         self.spec: api.TrainingJobSpec | None = None  # set by the validation step
         # The job's children, sorted out once: only pods it owns, by index.
@@ -194,4 +206,4 @@ class Context:
         status = self.st.to_json()
         if api.has_legacy_bookkeeping(self.o.job.get("status")):
             status = api.with_legacy_bookkeeping(status)  # until status.operator is seen persisted
-        return Plan(tuple(self.actions) + tuple(self.events), status, self.requeue)
+        return Plan(tuple(self.actions) + tuple(self.events), status, self.requeue, tuple(self.recoveries))

@@ -14,7 +14,7 @@ from ftjob_trainer import contract
 
 from .. import api, render
 from .. import conditions as cond
-from . import losses, preemption
+from . import losses, preemption, progress
 from .context import FOLLOW_UP_SECONDS, Context, Ending
 from .lifecycle import finish, start_new_generation
 from .losses import Loss
@@ -50,6 +50,7 @@ def fail_or_restart(ctx: Context, loss: Loss) -> Ending:
     """Count the failure; fail the job when the budget is spent, else restart after the backoff."""
     policy = ctx.spec.failure_policy
     ctx.st.failures += 1
+    progress.note_interruption(ctx, progress.FAILURE)
     ctx.st.last_failure = api.FailureStatus(
         pod=loss.pod,
         exit_code=loss.exit_code,

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from .. import api, render
 from .. import conditions as cond
+from . import progress
 from .context import FOLLOW_UP_SECONDS, POLL_SECONDS, Context, Delete, Ending, RequestCheckpoint
 from .observed import pod_name, pod_ready, pod_role, pod_succeeded
 
@@ -149,6 +150,11 @@ def suspend(ctx: Context) -> Ending:
 
 def resume_if_suspended(ctx: Context) -> None:
     if ctx.prev.phase in ("Suspended", "Suspending") or ctx.st.operator.suspend_requested_at:
+        suspended = cond.find(ctx.conds, cond.SUSPENDED) or {}
+        if suspended.get("status") == cond.TRUE:  # the time suspended is not elapsed time (goodput)
+            progress.note_resumed_from_suspension(
+                ctx, contract.parse_time(suspended.get("lastTransitionTime"))
+            )
         ctx.st.operator.suspend_requested_at = None
         ctx.condition(cond.SUSPENDED, cond.FALSE, cond.REASON_RESUMED, "spec.suspend is false")
         ctx.event(cond.NORMAL, cond.REASON_RESUMED, "resuming from the latest checkpoint")

@@ -12,6 +12,7 @@ from typing import Any
 from ftjob_trainer import contract
 
 from .. import conditions as cond
+from . import progress
 from .context import Context, Ending, RequestCheckpoint
 from .lifecycle import finish
 from .observed import (
@@ -115,6 +116,7 @@ def count(ctx: Context, pod: str, role: str, why: str) -> None:
     condition and a Warning event."""
     ctx.st.preemptions += 1
     ctx.st.operator.last_preemption_time = ctx.now_s
+    progress.note_interruption(ctx, progress.PREEMPTION)
     ctx.condition(cond.PREEMPTED, cond.TRUE, cond.REASON_PREEMPTED, f"{pod}: {why}")
     ctx.event(cond.WARNING, cond.REASON_PREEMPTED, f"{role} {pod} preempted: {why}")
 
@@ -146,6 +148,8 @@ def checkpoint_on_notice(ctx: Context) -> None:
     noticed = set(ctx.st.operator.noticed_pods)
     fresh = [(pod_name(p), notice_of(p, ctx.nodes)) for p in ctx.live_pods() if pod_name(p) not in noticed]
     fresh = [(n, why) for n, why in fresh if why]
+    if fresh:
+        progress.note_notice(ctx)
     if fresh and ctx.spec.preemption.checkpoint_on_notice:
         names = ", ".join(n for n, _ in fresh)
         ctx.actions.append(RequestCheckpoint(f"termination notice: {fresh[0][1]}"))

@@ -9,7 +9,7 @@ from typing import Any
 
 from .. import api, render
 from .. import conditions as cond
-from . import preemption
+from . import preemption, progress
 from .context import POLL_SECONDS, Context, Ending
 from .observed import pod_name, pod_ready
 
@@ -42,6 +42,7 @@ def conclude(ctx: Context, ending: Ending) -> None:
         _count_suspended(ctx, ending)
     elif ending in _COUNTED:
         training = _count_pods(ctx, ending)
+    progress.account(ctx, ending)
     ctx.st.phase = decide_phase(ctx, ending, training)
 
 
