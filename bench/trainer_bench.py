@@ -8,6 +8,7 @@
 
     python bench/trainer_bench.py --out DIR            # an H200: the 1b preset, batch 8 x 2048, bf16
     python bench/trainer_bench.py --out DIR --smoke    # any CPU, seconds: the tiny preset, proves the script runs
+    python bench/trainer_bench.py --out DIR --hf-model same   # + the same sizes as a transformers Llama (hf:)
 
 Runs as a world of one (or under torchrun). Checkpoints go to --workdir (not --out: they are large).
 """
@@ -78,8 +79,8 @@ class Bench:
         self.peak = args.peak_tflops * 1e12 if self.device.type == "cuda" else None
 
     # --- builders ----------------------------------------------------------------------------------------------
-    def engine(self, compile: bool = False) -> tuple[Engine, GlobalBatches]:
-        mcfg = ModelConfig(name=self.args.model, compile=compile)
+    def engine(self, compile: bool = False, model: str | None = None) -> tuple[Engine, GlobalBatches]:
+        mcfg = ModelConfig(name=model or self.args.model, compile=compile)
         model = build_model(mcfg, self.device, seed=0)
         eng = Engine(
             model,
@@ -152,25 +153,37 @@ class Bench:
         model, opt = self.plain()
         eng, batches = self.engine()
         ckpt = Checkpointer(None, 2, eng, self.rank, self.world)
+        # --hf-model: the same loop on a transformers model, timed in the same alternation
+        hf_eng, hf_batches = self.engine(model=f"hf:{a.hf_model}") if a.hf_model else (None, None)
         self.time_plain(model, opt, batches, 0, a.warmup)
         self.time_engine(eng, ckpt, batches, 0, a.warmup)
-        plain, engine = [], []
-        for r in range(a.rounds):  # alternate, so clock or thermal drift hits both alike
+        if hf_eng:
+            self.time_engine(hf_eng, None, hf_batches, 0, a.warmup)
+        plain, engine, hf = [], [], []
+        for r in range(a.rounds):  # alternate, so clock or thermal drift hits all alike
             first = a.warmup + r * a.steps
             plain.append(self.time_plain(model, opt, batches, first, a.steps))
             engine.append(self.time_engine(eng, ckpt, batches, first, a.steps))
+            if hf_eng:
+                hf.append(self.time_engine(hf_eng, None, hf_batches, first, a.steps))
         out = {
             "plain_fsdp2_tokens_per_s": statistics.median(plain),
             "engine_tokens_per_s": statistics.median(engine),
-            "rounds": {"plain": plain, "engine": engine},
+            "rounds": {"plain": plain, "engine": engine, **({"hf": hf} if hf_eng else {})},
         }
+        if hf_eng:
+            out["hf_model"] = a.hf_model
+            out["hf_tokens_per_s"] = statistics.median(hf)
+            out["hf_over_engine"] = out["hf_tokens_per_s"] / out["engine_tokens_per_s"]
+            out["hf_flops_per_token"] = hf_eng.flops_per_token(a.seq_len) if hf_eng.flops_per_token else None
+            out["hf_mfu"] = self.mfu(hf_eng, out["hf_tokens_per_s"])
         out["engine_over_plain"] = out["engine_tokens_per_s"] / out["plain_fsdp2_tokens_per_s"]
         # torchtitan's count: 6 x non-embedding params + attention scores; counting the embedding too (as the
         # issue's 56% reference does) gives about 6% more
         out["flops_per_token"] = eng.flops_per_token(a.seq_len) if eng.flops_per_token else None
         out["engine_mfu"] = self.mfu(eng, out["engine_tokens_per_s"])
         out["plain_mfu"] = self.mfu(eng, out["plain_fsdp2_tokens_per_s"])
-        del model, opt, eng, ckpt
+        del model, opt, eng, ckpt, hf_eng
         self.free()
         return out
 
@@ -345,6 +358,30 @@ def drop_page_cache(root: Path) -> None:
                 os.close(fd)
 
 
+def write_hf_llama_config(preset: str, folder: Path) -> str:
+    """A transformers LlamaConfig with the preset's sizes (untied output, as the preset), for a like-for-like
+    comparison of --model hf:... with the built-in model."""
+    from ftjob_trainer.models import PRESETS
+
+    p = PRESETS[preset]
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {
+        "model_type": "llama",
+        "hidden_size": p.dim,
+        "num_hidden_layers": p.n_layers,
+        "num_attention_heads": p.n_heads,
+        "num_key_value_heads": p.n_heads,
+        "intermediate_size": p.ffn_dim,
+        "vocab_size": p.vocab_size,
+        "rms_norm_eps": p.norm_eps,
+        "rope_theta": p.rope_theta,
+        "max_position_embeddings": p.max_seq_len,
+        "tie_word_embeddings": False,
+    }
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    return str(folder)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="directory for results.json")
@@ -371,6 +408,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile measurement")
     p.add_argument("--profile", action="store_true", help="add the top kernels of 3 engine steps")
     p.add_argument("--workdir", default=None, help="where checkpoints go (default: a temporary directory)")
+    p.add_argument(
+        "--hf-model",
+        default=None,
+        help="also time a transformers model (needs ftjob[hf]) in the throughput round: a model directory or "
+        "config.json, or 'same' for the Llama config of --model's preset (written to --workdir)",
+    )
     a = p.parse_args(argv)
     defaults = dict(
         model=("tiny", "1b"),
@@ -389,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     own_workdir = a.workdir is None
     a.workdir = a.workdir or tempfile.mkdtemp(prefix="ftjob-bench-")
+    if a.hf_model == "same":
+        a.hf_model = write_hf_llama_config(a.model, Path(a.workdir) / f"hf-{a.model}")
     bench = Bench(a)
     try:
         result = {
@@ -400,7 +445,8 @@ def main(argv: list[str] | None = None) -> int:
             "torch": torch.__version__,
             "world_size": bench.world,
             "config": {
-                k: getattr(a, k) for k in ("model", "batch", "seq_len", "steps", "rounds", "saves", "smoke")
+                k: getattr(a, k)
+                for k in ("model", "batch", "seq_len", "steps", "rounds", "saves", "smoke", "hf_model")
             },
             "throughput": bench.throughput(),
             "compile": None if a.no_compile or a.smoke else bench.compiled(),

@@ -32,6 +32,7 @@ except ModuleNotFoundError:  # Python 3.10
 OPERATOR = ROOT / "Dockerfile"
 TRAINER = ROOT / "trainer_image" / "Dockerfile"
 LOCK = ROOT / "requirements" / "operator.txt"
+TRAINER_LOCK = ROOT / "requirements" / "trainer.txt"
 
 
 @dataclass
@@ -172,6 +173,36 @@ def test_one_requirements_source_the_lock_pins_pyprojects_base_dependencies():
             if kw == "RUN" and "pip install" in rest
         ]
         assert len(installs) == 1 and "--constraint requirements/operator.txt" in installs[0], dockerfile
+
+
+def test_the_trainer_lock_pins_the_trainer_extras_and_leaves_torch_to_the_base_image():
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    pins = lock_pins(TRAINER_LOCK)
+    assert "torch" not in pins and not set(pins) & set(lock_pins(LOCK)), "trainer.txt adds to operator.txt"
+    (install,) = [
+        rest for kw, rest in parse(TRAINER)[1][0].instructions if kw == "RUN" and "pip install" in rest
+    ]
+    assert "--constraint requirements/trainer.txt" in install
+    installed_extras = re.search(r'"\.\[([\w,]+)\]"', install).group(1).split(",")
+    for extra in installed_extras:
+        for dep in map(Requirement, extras[extra]):
+            if dep.name in ("torch", "ftjob"):
+                continue
+            assert canonical(dep.name) in pins, (
+                f"{dep.name} ({extra}) is not in {TRAINER_LOCK.name}: run lock.py"
+            )
+            assert dep.specifier.contains(pins[canonical(dep.name)]), (
+                f"{TRAINER_LOCK.name} pins {dep.name} outside {dep}"
+            )
+
+
+def lock_pins(path: Path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text().splitlines():
+        if line and not line.startswith("#"):
+            req = Requirement(line)
+            pins[canonical(req.name)] = next(iter(req.specifier)).version
+    return pins
 
 
 # --- the install steps, replayed -----------------------------------------------------------------------------------

@@ -38,6 +38,17 @@ TINY = [
     "1",
 ]
 
+# A Llama-family transformers config of a few hundred thousand parameters, written here (offline, no hub).
+HF_LLAMA = {
+    "model_type": "llama",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 172,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 128,
+}
+
 
 def copy_sources(dest: Path) -> Path:
     for rel in SOURCES:
@@ -116,3 +127,35 @@ def test_trainer_extra_alone_trains_hashes_and_resumes(tmp_path):
     assert len(second["state_sha256"]) == 64 and second["state_sha256"] != first["state_sha256"]
     straight = run_trainer(python, env, run_dir, [*TINY, "--steps", "8"], "straight")
     assert straight["state_sha256"] == second["state_sha256"], "the resume is exact"
+
+    # the hf: flag without the hf extra: a configuration error (exit 2) that says how to install it
+    model_dir = run_dir / "llama"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(HF_LLAMA))
+    no_hf = subprocess.run(  # the trainer alone (torchrun turns any failed worker into its own exit 1)
+        [str(python), "-m", "ftjob_trainer.train", "--model", f"hf:{model_dir}", "--steps", "1"],
+        env=env,
+        cwd=run_dir,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert no_hf.returncode == 2, no_hf.stderr[-3000:]
+    assert "transformers is not installed; pip install 'ftjob[hf]'" in no_hf.stderr
+
+
+@pytest.mark.slow
+def test_hf_extra_alone_trains_a_transformers_model(tmp_path):
+    python, env = venv_with(tmp_path, "hf")
+    have = installed(python)
+    assert {"torch", "numpy", "transformers", "safetensors"} <= set(have)
+    assert "matplotlib" not in have and "pytest" not in have, "only the hf extra (and the trainer it names)"
+    run_dir = tmp_path / "run"
+    (run_dir / "llama").mkdir(parents=True)
+    (run_dir / "llama" / "config.json").write_text(json.dumps(HF_LLAMA))
+    env = {**env, "HF_HUB_OFFLINE": "1"}
+    args = ["--model", f"hf:{run_dir / 'llama'}", *TINY[2:], "--checkpoint-dir", str(run_dir / "ckpt")]
+    first = run_trainer(python, env, run_dir, [*args, "--steps", "3"], "first")
+    assert (first["exit_code"], first["step"]) == (0, 3) and len(first["state_sha256"]) == 64
+    second = run_trainer(python, env, run_dir, [*args, "--steps", "5"], "second")
+    assert (second["exit_code"], second["step"], second["resumed_from_step"]) == (0, 5, 3)

@@ -21,14 +21,20 @@ def test_bench_smoke_reports_every_figure(procs, tmp_path):
             "--smoke",
             "--workdir",
             str(tmp_path / "work"),
+            "--hf-model",
+            "same",
         ],
         name="bench",
+        env={"HF_HUB_OFFLINE": "1"},
     )
     assert finish(p, 300) == 0, log_of(p)[-4000:]
     doc = json.loads((tmp_path / "out" / "results.json").read_text())
     t, c = doc["throughput"], doc["checkpoint"]
     assert t["plain_fsdp2_tokens_per_s"] > 0 and t["engine_tokens_per_s"] > 0
     assert t["engine_over_plain"] == pytest.approx(t["engine_tokens_per_s"] / t["plain_fsdp2_tokens_per_s"])
+    # the hf: arm: the preset's sizes as a transformers Llama, timed in the same rounds, the same FLOPs per token
+    assert t["hf_tokens_per_s"] > 0 and len(t["rounds"]["hf"]) == len(t["rounds"]["engine"])
+    assert t["hf_flops_per_token"] == t["flops_per_token"]
     assert c["state_bytes"] > 1_000_000 and c["disk_write_bytes_per_s"] > 0
     # read from the trainer's events: the SIGTERM save's committed bytes, the load's bytes and read bandwidth
     assert c["sigterm_save_bytes"] >= c["state_bytes"] and c["load_bytes_per_rank"] > 1_000_000

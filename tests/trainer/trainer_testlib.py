@@ -195,3 +195,37 @@ def events_of(p: subprocess.Popen) -> list[dict]:
     from ftjob_trainer import contract
 
     return contract.parse_events(log_of(p).splitlines())
+
+
+# `--model hf:DIR` configs of a few million parameters (written by the tests: no hub, no network).
+HF_CONFIGS = {
+    "llama": {
+        "model_type": "llama",
+        "vocab_size": 4096,
+        "hidden_size": 128,
+        "intermediate_size": 344,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": False,
+    },
+    # GPT-2 keeps its default dropout (0.1) and ties its output layer to the token embedding
+    "gpt2": {
+        "model_type": "gpt2",
+        "vocab_size": 4096,
+        "n_embd": 128,
+        "n_layer": 4,
+        "n_head": 4,
+        "n_positions": 256,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+    },
+}
+
+
+def write_hf_config(folder: Path, family: str) -> Path:
+    """A transformers model directory holding only config.json; returns the folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(HF_CONFIGS[family], indent=1))
+    return folder

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ftjob_trainer import contract
 
 TRUE_WORDS = {"1", "true", "yes", "on"}
 FALSE_WORDS = {"0", "false", "no", "off", ""}
+HF_PREFIX = "hf:"  # --model hf:PATH: a transformers model (models/hf.py)
 KNOWN_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP")
 
 
@@ -32,7 +35,12 @@ def opt(default: Any, help: str, *, flag: str | None = None, kind: str | None = 
 
 @dataclass
 class ModelConfig:
-    name: str = opt("tiny", "built-in preset: tiny | 125m | 1b", flag="--model")
+    name: str = opt(
+        "tiny",
+        "built-in preset: tiny | 125m | 1b, or hf:PATH: a transformers causal LM's directory or config.json "
+        "(pip install 'ftjob[hf]')",
+        flag="--model",
+    )
     model_factory: str | None = opt(
         None, "module:function returning your nn.Module (see examples/custom_model.py)", kind="opt_str"
     )
@@ -42,13 +50,25 @@ class ModelConfig:
     def __post_init__(self) -> None:
         from ftjob_trainer.models import PRESETS  # torch-free registry of sizes
 
-        if self.model_factory is None and self.name not in PRESETS:
+        if self.model_factory is None and self.hf_path is not None:
+            hf_model_dir(self.hf_path)  # the path is checked here; transformers where it is imported
+            if importlib.util.find_spec("transformers") is None:
+                raise ConfigError(
+                    f"--model={self.name}: transformers is not installed; pip install 'ftjob[hf]' "
+                    "(or: pip install transformers safetensors)"
+                )
+        elif self.model_factory is None and self.name not in PRESETS:
             raise ConfigError(
-                f"--model={self.name!r} is not a preset; use one of {sorted(PRESETS)} or pass "
-                "--model-factory module:function for your own model"
+                f"--model={self.name!r} is not a preset; use one of {sorted(PRESETS)}, hf:PATH for a transformers "
+                "model, or pass --model-factory module:function for your own model"
             )
         if self.model_factory is not None:
             _check_factory_ref("--model-factory", self.model_factory)
+
+    @property
+    def hf_path(self) -> str | None:
+        """PATH of --model hf:PATH, else None."""
+        return self.name[len(HF_PREFIX) :] if self.name.startswith(HF_PREFIX) else None
 
 
 @dataclass
@@ -247,6 +267,17 @@ COMPONENTS: dict[str, type] = {
     "preemption": PreemptionConfig,
     "run": RunConfig,
 }
+
+
+def hf_model_dir(path: str) -> Path:
+    """The model directory of hf:PATH (PATH itself, or the folder of PATH=.../config.json), checked to hold a
+    config.json."""
+    p = Path(path)
+    if not path or not (p.is_dir() and (p / "config.json").is_file() or p.is_file() and p.suffix == ".json"):
+        raise ConfigError(
+            f"--model=hf:{path}: give a transformers model directory holding config.json, or a config.json file"
+        )
+    return p if p.is_dir() else p.parent
 
 
 def _check_factory_ref(flag: str, ref: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -44,11 +45,16 @@ class SyntheticSource:
 
 class TokenFileSource:
     """Windows of seq_len + 1 tokens over a file: .bin = raw little-endian uint16 tokens (nanoGPT's format),
-    anything else = text read as UTF-8 bytes (byte-level tokens, vocab >= 256)."""
+    anything else = text, tokenized by encode_text (an hf: model's tokenizer) if given, else read as UTF-8 bytes
+    (byte-level tokens, vocab >= 256)."""
 
-    def __init__(self, path: str, seq_len: int, vocab_size: int):
+    def __init__(
+        self, path: str, seq_len: int, vocab_size: int, encode_text: Callable[[str], list[int]] | None = None
+    ):
         raw = open(path, "rb").read()
-        if path.endswith(".bin"):
+        if encode_text is not None and not path.endswith(".bin"):
+            tokens = torch.tensor(encode_text(raw.decode("utf-8")), dtype=torch.int64)
+        elif path.endswith(".bin"):
             if len(raw) % 2:
                 raise ConfigError(
                     f"--data={path}: a .bin token file holds uint16 tokens; its size must be even"
@@ -87,7 +93,9 @@ def load_factory(ref: str, flag: str):
     return fn
 
 
-def make_source(cfg: DataConfig, vocab_size: int) -> SampleSource:
+def make_source(
+    cfg: DataConfig, vocab_size: int, encode_text: Callable[[str], list[int]] | None = None
+) -> SampleSource:
     if cfg.data_factory:
         src = load_factory(cfg.data_factory, "--data-factory")(cfg.seq_len, vocab_size, cfg.seed)
         if not hasattr(src, "__getitem__") or not hasattr(src, "__len__") or len(src) < 1:
@@ -95,7 +103,7 @@ def make_source(cfg: DataConfig, vocab_size: int) -> SampleSource:
         return src
     if cfg.data == "synthetic":
         return SyntheticSource(cfg.seq_len, vocab_size, cfg.seed)
-    return TokenFileSource(os.fspath(cfg.data), cfg.seq_len, vocab_size)
+    return TokenFileSource(os.fspath(cfg.data), cfg.seq_len, vocab_size, encode_text)
 
 
 class GlobalBatches:

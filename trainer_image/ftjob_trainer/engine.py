@@ -51,7 +51,26 @@ def build_model(cfg: ModelConfig, device: torch.device, seed: int, *, on_meta: b
     or initialised; Engine materialises the shards on the device after sharding. A model whose non-persistent
     buffers (not in checkpoints) cannot be recomputed, having no init_buffers(device), is built on the device."""
     torch.manual_seed(seed)
-    with torch.device("meta") if on_meta else device:
+    if cfg.model_factory is None and cfg.hf_path is not None:
+        from ftjob_trainer.models.hf import build as build_hf  # transformers only when asked for
+
+        model = build_hf(cfg.hf_path, torch.device("meta") if on_meta else device)
+    else:
+        model = _build_own(cfg, torch.device("meta") if on_meta else device)
+    vocab = getattr(model, "vocab_size", None)
+    if not isinstance(vocab, int) or vocab < 1:
+        raise ConfigError("the model needs an int attribute vocab_size (the size of its output layer)")
+    if on_meta and not can_materialise(model):
+        log.info(
+            "the model has non-persistent buffers and no init_buffers(device): building it on %s", device
+        )
+        return build_model(cfg, device, seed)
+    return model
+
+
+def _build_own(cfg: ModelConfig, device: torch.device) -> nn.Module:
+    """A --model-factory model or a built-in preset, built under `device` (meta: no storage)."""
+    with device:
         if cfg.model_factory:
             model = load_factory(cfg.model_factory, "--model-factory")()
             if not isinstance(model, nn.Module):
@@ -62,14 +81,6 @@ def build_model(cfg: ModelConfig, device: torch.device, seed: int, *, on_meta: b
             from ftjob_trainer.models.llama import build
 
             model = build(cfg.name)
-    vocab = getattr(model, "vocab_size", None)
-    if not isinstance(vocab, int) or vocab < 1:
-        raise ConfigError("the model needs an int attribute vocab_size (the size of its output layer)")
-    if on_meta and not can_materialise(model):
-        log.info(
-            "the model has non-persistent buffers and no init_buffers(device): building it on %s", device
-        )
-        return build_model(cfg, device, seed)
     return model
 
 

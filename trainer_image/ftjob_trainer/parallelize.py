@@ -29,6 +29,12 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
     return []
 
 
+def stochastic_forward(model: nn.Module) -> bool:
+    """Does the forward draw random numbers? The model may say (stochastic_forward), else any active nn.Dropout."""
+    said = getattr(model, "stochastic_forward", None)
+    return bool(said) or any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules())
+
+
 def _replace_units(model: nn.Module, wrap) -> None:
     """Replace each shard unit in its parent with wrap(unit), keeping its name (so state-dict keys are stable)."""
     targets = {id(u) for u in shard_units(model)}
@@ -49,8 +55,10 @@ def parallelize(
     if activation_checkpointing:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-        # non-reentrant checkpointing: works with FSDP2's hooks and keeps state-dict keys (the wrapper strips its prefix)
-        _replace_units(model, lambda m: checkpoint_wrapper(m, preserve_rng_state=False))
+        # non-reentrant checkpointing: works with FSDP2's hooks and keeps state-dict keys (the wrapper strips its prefix).
+        # The recompute must draw the same random numbers as the forward only when the forward draws any (dropout).
+        preserve_rng = stochastic_forward(model)
+        _replace_units(model, lambda m: checkpoint_wrapper(m, preserve_rng_state=preserve_rng))
     if compile:
         for unit in shard_units(model):
             unit.compile()  # in place: the module keeps its name and parameters

@@ -70,7 +70,7 @@ class Trainer:
         started = time.monotonic()
         model = build_model(cfg.model, self.device, cfg.data.seed)
         params = sum(p.numel() for p in model.parameters())
-        self.source = make_source(cfg.data, model.vocab_size)
+        self.source = make_source(cfg.data, model.vocab_size, getattr(model, "encode_text", None))
         self.engine = Engine(
             model,
             device=self.device,

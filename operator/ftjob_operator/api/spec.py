@@ -267,7 +267,12 @@ class RendezvousSpec(Model):
 class TrainerSpec(Model):
     """Settings of the built-in trainer (ftjob_trainer.train), passed as FTJOB_* environment."""
 
-    model: str = Field("tiny", min_length=1, description="model is the built-in preset: tiny, 125m or 1b.")
+    model: str = Field(
+        "tiny",
+        min_length=1,
+        description="model is the built-in preset (tiny, 125m or 1b) or hf:PATH, a transformers causal LM's "
+        "directory or config.json inside the pod (mount it with podTemplate.volumes; the image needs ftjob[hf]).",
+    )
     steps: int = Field(
         100, ge=1, description="steps is the optimizer steps of the whole job (resumes continue to it)."
     )
