@@ -105,3 +105,32 @@ def test_validation_errors_read_as_fix_it_lines():
     lines = api.validation_problems(exc.value)
     assert "spec.checkpoint.keepLast: Input should be greater than or equal to 1" in lines
     assert "spec.workers: spec.workers.min (3) must be <= spec.workers.max (2)" in lines
+
+
+def test_model_presets_are_the_trainers():
+    from ftjob_trainer.models import PRESETS
+
+    assert set(api.spec.MODEL_PRESETS) == set(PRESETS)
+
+
+@pytest.mark.parametrize(
+    "trainer,field",
+    [
+        ({"model": "gpt-99"}, "spec.trainer.model"),
+        ({"model": "hf:"}, "spec.trainer.model"),
+        ({"steps": 1e30}, "spec.trainer.steps"),
+        ({"seed": -1}, "spec.trainer.seed"),
+    ],
+)
+def test_the_planner_refuses_what_the_crd_refuses(trainer, field):
+    """An object stored before the CRD had these bounds still ends InvalidSpec, never a crash or a retry loop."""
+    with pytest.raises(ValidationError) as exc:
+        api.parse_spec(spec(trainer=trainer))
+    assert any(line.startswith(field) for line in api.validation_problems(exc.value))
+
+
+def test_hf_models_and_image_references_parse():
+    parsed = api.parse_spec(spec(image="ghcr.io/org/trainer:v1", trainer={"model": "hf:org/model"}))
+    assert parsed.trainer.model == "hf:org/model"
+    with pytest.raises(ValidationError):
+        api.parse_spec(spec(image="Not An Image!"))

@@ -295,15 +295,17 @@ def test_children_are_owned_and_labelled_workers_exiting_0_succeed_and_ttl_delet
 
 def test_invalid_spec_gets_a_condition_that_says_what_to_fix_and_no_pods(jobs):
     env, name = jobs, "invalid"
-    env.create_job(name, "done", podTemplate={"env": [{"name": "FTJOB_TOKEN", "value": "mine"}]})
+    # What the CRD refuses (a reserved env name, ...) never gets here: test_operator_admission.py. A mount of a
+    # volume no volume defines is still only the planner's check (checks.py).
+    env.create_job(name, "done", podTemplate={"volumeMounts": [{"name": "nowhere", "mountPath": "/data"}]})
     st = env.until(
         lambda: env.status(name).get("phase") == "Invalid" and env.status(name), 30, "Invalid", name
     )
     cond = _condition(st, "InvalidSpec")
     assert (
         cond["status"] == "True"
-        and "FTJOB_TOKEN" in cond["message"]
-        and "use another name" in cond["message"]
+        and "spec.podTemplate.volumeMounts[0]" in cond["message"]
+        and "which no volume defines" in cond["message"]
     )
     assert env.pods(name) == []
     env.until(lambda: "InvalidSpec" in env.reasons(name), 10, "the InvalidSpec event", name)

@@ -7,81 +7,20 @@ subresource accepting the planner's status, and the printer columns.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+from support.apiserver import apiserver_with_crd
 from tj_builders import NOW, Store, converge
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
-KUBECTL = shutil.which("kubectl", path=str(Path(sys.executable).parent)) or shutil.which("kubectl")
-
 
 @pytest.fixture
 def kube(tmp_path):
-    if KUBECTL is None:
-        pytest.fail("kubectl is missing: run ./dev setup (it puts kubectl into .venv/bin)")
-    state = tmp_path / "state"
-    log = open(tmp_path / "apiserver.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ftjob_local.apiserver", "--state-dir", str(state), "--port", "0"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        url_file = state / "apiserver.url"
-        deadline = time.monotonic() + 30
-        while not url_file.is_file() or not url_file.read_text().strip():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(
-                    f"the local API server did not start: {(tmp_path / 'apiserver.log').read_text()[-2000:]}"
-                )
-            time.sleep(0.1)
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "local", "cluster": {"server": url_file.read_text().strip()}}],
-                    "users": [{"name": "me", "user": {}}],
-                    "contexts": [
-                        {
-                            "name": "local",
-                            "context": {"cluster": "local", "user": "me", "namespace": "default"},
-                        }
-                    ],
-                    "current-context": "local",
-                }
-            )
-        )
-        env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-
-        def kubectl(*args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess:
-            out = subprocess.run(
-                [KUBECTL, *args], env=env, capture_output=True, text=True, timeout=60, input=stdin
-            )
-            if check and out.returncode != 0:
-                raise AssertionError(f"kubectl {' '.join(args)} failed: {out.stderr}")
-            return out
-
-        kubectl("apply", "-f", str(ROOT / "crds"))
-        kubectl("wait", "--for=condition=Established", "crd/trainingjobs.ftjob.dev", "--timeout=30s")
+    with apiserver_with_crd(tmp_path) as kubectl:
         yield kubectl
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        log.close()
 
 
 def test_example_applies_with_defaults_scale_and_cel(kube):

@@ -19,6 +19,7 @@ except ImportError:  # pragma: no cover
     celpy = None
 
 _ROOT_KEEP = {"apiVersion", "kind", "metadata"}
+_MAX_JSON_INT = 2**53
 
 
 def _go_value(value: Any) -> str:
@@ -54,8 +55,9 @@ def _type_ok(value: Any, schema: dict[str, Any]) -> bool:
     if t == "string":
         return isinstance(value, str)
     if t == "integer":
+        # As go-openapi's IsFloat64AJSONInteger: a float is an integer only if integral and within +-2^53.
         return (isinstance(value, int) and not isinstance(value, bool)) or (
-            isinstance(value, float) and value.is_integer()
+            isinstance(value, float) and value.is_integer() and abs(value) <= _MAX_JSON_INT
         )
     if t == "number":
         return isinstance(value, (int, float)) and not isinstance(value, bool)

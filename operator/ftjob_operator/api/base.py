@@ -23,6 +23,22 @@ JOB_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 # The built-in trainer, as torchrun launches it on every worker.
 DEFAULT_TRAINER_COMMAND = ["-m", "ftjob_trainer.train"]
 
+# A container image reference (docker/distribution's grammar): [host[:port]/]path[:tag][@digest]. Written for both
+# Go's RE2 (the API server) and Python's re (pydantic, the local API server): no lookarounds, no \w.
+_HOST_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_PATTERN = (
+    rf"^(?:{_HOST_PART}(?:\.{_HOST_PART})*(?::[0-9]+)?/)?{_PATH_PART}(?:/{_PATH_PART})*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"  # tag
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"  # digest
+)
+MAX_IMAGE_LENGTH = 512
+# A non-negative resource.Quantity (10Gi, 512Mi, 1.5G, 1e9): Kubernetes' own grammar without the sign.
+_DECIMAL = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+QUANTITY_PATTERN = rf"^{_DECIMAL}(?:[KMGTPE]i|[mkMGTPE]|[eE][+-]?{_DECIMAL})?$"
+# The largest integer JSON carries exactly (2^53): the API server refuses an integer field's number above it.
+MAX_SAFE_INT = 2**53
+
 PRESERVE = {"x-kubernetes-preserve-unknown-fields": True}
 FREE_OBJECT: dict[str, Any] = {"type": "object", **PRESERVE}
 

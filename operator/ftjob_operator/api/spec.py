@@ -6,7 +6,62 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from .base import Model, cel_rules, free_list, free_object, sub_object
+from .base import (
+    IMAGE_PATTERN,
+    MAX_IMAGE_LENGTH,
+    MAX_SAFE_INT,
+    QUANTITY_PATTERN,
+    Model,
+    cel_rules,
+    free_list,
+    free_object,
+    sub_object,
+)
+from .reserved import (
+    RESERVED_ENV,
+    RESERVED_TRAINER_FLAGS,
+    RESERVED_VOLUMES,
+    SHM_PATH,
+    SHM_VOLUME,
+)
+
+# The trainer's built-in presets (ftjob_trainer.models.PRESETS; a test keeps the two equal) and `hf:<repo or path>`.
+MODEL_PRESETS = ("tiny", "125m", "1b")
+MODEL_PATTERN = rf"^({'|'.join(MODEL_PRESETS)}|hf:[^\s].*)$"
+# Cardinality bounds of the pass-through lists: the API server bounds the cost of CEL rules by them.
+MAX_ENV = 256
+MAX_VOLUMES = 64
+# Sane maxima for counts and durations (a step count of 1e30 is a typo, not a plan).
+MAX_STEPS = 10**12
+MAX_SECONDS = 10 * 365 * 86400
+
+
+def _cel_list(names: frozenset[str] | tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{n}'" for n in sorted(names)) + "]"
+
+
+def _named_items(
+    max_name_length: int,
+    *rules: tuple[str, str],
+    strings: tuple[str, ...] = (),
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A pass-through list of core/v1 objects with a required `name` and the required string fields `strings`
+    (CEL sees only declared properties); the rest of each item passes through unchecked."""
+    props = {"name": {"description": "name of the item.", "type": "string", "minLength": 1}}
+    props["name"]["maxLength"] = max_name_length
+    props |= {
+        key: {"description": f"{key} of the item.", "type": "string", "minLength": 1, "maxLength": 4096}
+        for key in strings
+    }
+    item = {
+        "type": "object",
+        "required": list(props),
+        "properties": props,
+        "x-kubernetes-preserve-unknown-fields": True,
+        **cel_rules(*rules),
+    }
+    return {"items": item, **(extra or {})}
 
 
 class WorkersSpec(Model):
@@ -86,7 +141,9 @@ class EmptyDirRef(Model):
     """A per-pod scratch directory: survives torchrun restarts inside a pod, not a replaced pod."""
 
     medium: Literal["", "Memory"] = Field("", description="medium is empty (node disk) or Memory (tmpfs).")
-    size_limit: str | None = Field(None, description="sizeLimit is a quantity such as 10Gi.")
+    size_limit: str | None = Field(
+        None, pattern=QUANTITY_PATTERN, description="sizeLimit is a quantity such as 10Gi."
+    )
 
 
 class CheckpointVolume(Model):
@@ -135,7 +192,7 @@ class MemoryTierSpec(Model):
     )
     size_limit: str | None = Field(
         None,
-        pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$",
+        pattern=QUANTITY_PATTERN,
         description="sizeLimit of the worker pods' /dev/shm volume (emptyDir, medium Memory). It counts against "
         "the pod's memory limit; give it 2 x the checkpoint bytes a pod holds at workers.min (model and "
         "optimizer state / workers.min; fp32 AdamW: 12-16 bytes per parameter) plus 1Gi for gloo and "
@@ -162,6 +219,7 @@ class CheckpointSpec(Model):
     every_steps: int = Field(
         100,
         ge=0,
+        le=MAX_STEPS,
         description="everySteps saves a checkpoint every N optimizer steps; 0 saves only on preemption, "
         "request, suspend and at the end.",
     )
@@ -199,6 +257,7 @@ class PreemptionSpec(Model):
     max_preemptions: int | None = Field(
         None,
         ge=0,
+        le=1_000_000,
         description="maxPreemptions fails the job after more preemptions than this; unset means unlimited.",
     )
     checkpoint_on_notice: bool = Field(
@@ -269,21 +328,30 @@ class TrainerSpec(Model):
 
     model: str = Field(
         "tiny",
-        min_length=1,
-        description="model is the built-in preset (tiny, 125m or 1b) or hf:PATH, a transformers causal LM's "
-        "directory or config.json inside the pod (mount it with podTemplate.volumes; the image needs ftjob[hf]).",
+        max_length=4096,
+        pattern=MODEL_PATTERN,
+        description="model is the built-in preset ("
+        + ", ".join(MODEL_PRESETS)
+        + ") or hf:PATH, a transformers "
+        "causal LM's directory or config.json inside the pod (mount it with podTemplate.volumes; the image needs "
+        "ftjob[hf]).",
     )
     steps: int = Field(
-        100, ge=1, description="steps is the optimizer steps of the whole job (resumes continue to it)."
+        100,
+        ge=1,
+        le=MAX_STEPS,
+        description="steps is the optimizer steps of the whole job (resumes continue to it).",
     )
     global_batch_size: int = Field(
-        8, ge=1, description="globalBatchSize is samples per optimizer step over all ranks."
+        8, ge=1, le=1 << 24, description="globalBatchSize is samples per optimizer step over all ranks."
     )
-    seq_len: int = Field(128, ge=2, description="seqLen is tokens per sample.")
+    seq_len: int = Field(128, ge=2, le=1 << 24, description="seqLen is tokens per sample.")
     learning_rate: float | None = Field(
-        None, gt=0, description="learningRate is the peak AdamW learning rate."
+        None, gt=0, le=10, description="learningRate is the peak AdamW learning rate."
     )
-    seed: int | None = Field(None, description="seed seeds model init and the synthetic data.")
+    seed: int | None = Field(
+        None, ge=0, le=MAX_SAFE_INT, description="seed seeds model init and the synthetic data."
+    )
     data: str | None = Field(
         None, description="data is 'synthetic' or a path (inside the pod) to a .txt or .bin token file."
     )
@@ -291,7 +359,20 @@ class TrainerSpec(Model):
         None,
         description='flags sets more trainer flags by name, e.g. {"warmup-steps": "5"} (passed as '
         "FTJOB_WARMUP_STEPS).",
-        json_schema_extra={"maxProperties": 64},
+        json_schema_extra={
+            "maxProperties": 64,
+            **cel_rules(
+                (
+                    "self.all(k, k.matches('^[a-z][a-z0-9-]*$'))",
+                    "spec.trainer.flags keys must look like a flag name without dashes, e.g. warmup-steps",
+                ),
+                (
+                    f"self.all(k, !(k in {_cel_list(RESERVED_TRAINER_FLAGS)}))",
+                    "spec.trainer.flags must not set flags derived from spec.checkpoint/preemption: "
+                    + ", ".join(sorted(RESERVED_TRAINER_FLAGS)),
+                ),
+            ),
+        },
     )
 
 
@@ -324,12 +405,54 @@ class PodTemplateSpec(Model):
         json_schema_extra={"maxProperties": 64},
     )
     annotations: dict[str, str] | None = Field(None, description="annotations are added to every pod.")
-    env: list[dict[str, Any]] | None = free_list(
-        "env is extra worker environment (core/v1 EnvVar; FTJOB_* names the operator sets are reserved)."
+    env: list[dict[str, Any]] | None = Field(
+        None,
+        description="env is extra worker environment (core/v1 EnvVar; the names the operator sets are reserved).",
+        json_schema_extra=_named_items(
+            4096,
+            (
+                f"!has(self.name) || !(self.name in {_cel_list(RESERVED_ENV)})",
+                "spec.podTemplate.env[].name is set by the operator; use another name (reserved: "
+                + ", ".join(sorted(RESERVED_ENV))
+                + ")",
+            ),
+            extra={"maxItems": MAX_ENV},
+        ),
     )
-    volumes: list[dict[str, Any]] | None = free_list("volumes are extra worker pod volumes (core/v1 Volume).")
-    volume_mounts: list[dict[str, Any]] | None = free_list(
-        "volumeMounts are extra worker container mounts (core/v1 VolumeMount)."
+    volumes: list[dict[str, Any]] | None = Field(
+        None,
+        description="volumes are extra worker pod volumes (core/v1 Volume; "
+        + ", ".join(sorted(RESERVED_VOLUMES))
+        + " are ftjob's).",
+        json_schema_extra=_named_items(
+            63,
+            (
+                f"!has(self.name) || !(self.name in {_cel_list(RESERVED_VOLUMES)})",
+                "spec.podTemplate.volumes[].name is taken by ftjob; rename it (reserved: "
+                + ", ".join(sorted(RESERVED_VOLUMES))
+                + ")",
+            ),
+            extra={
+                "maxItems": MAX_VOLUMES,
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["name"],
+            },
+        ),
+    )
+    volume_mounts: list[dict[str, Any]] | None = Field(
+        None,
+        description=f"volumeMounts are extra worker container mounts (core/v1 VolumeMount; not at {SHM_PATH} "
+        "or spec.checkpoint.mountPath).",
+        json_schema_extra=_named_items(
+            63,
+            (
+                f"!has(self.mountPath) || self.mountPath != '{SHM_PATH}'",
+                f"spec.podTemplate.volumeMounts[].mountPath {SHM_PATH} is ftjob's shared-memory volume "
+                f"({SHM_VOLUME}); pick another path",
+            ),
+            strings=("mountPath",),
+            extra={"maxItems": MAX_VOLUMES},
+        ),
     )
     security_context: dict[str, Any] | None = free_object(
         "securityContext replaces the containers' default (non-root, no privilege escalation, drop ALL)."
@@ -352,6 +475,8 @@ class TrainingJobSpec(Model):
     image: str | None = Field(
         None,
         min_length=1,
+        max_length=MAX_IMAGE_LENGTH,
+        pattern=IMAGE_PATTERN,
         description="image is the trainer image (torch, torchrun, ftjob_trainer); unset means the operator's "
         "default trainer image (the chart's trainer.image, env FTJOB_DEFAULT_TRAINER_IMAGE on the operator).",
     )
@@ -388,7 +513,10 @@ class TrainingJobSpec(Model):
         description="suspend checkpoints, deletes the pods and keeps the job; false again resumes from the checkpoint.",
     )
     ttl_seconds_after_finished: int | None = Field(
-        None, ge=0, description="ttlSecondsAfterFinished deletes the job this long after Succeeded or Failed."
+        None,
+        ge=0,
+        le=MAX_SECONDS,
+        description="ttlSecondsAfterFinished deletes the job this long after Succeeded or Failed.",
     )
     clean_pod_policy: Literal["All", "None"] = Field(
         "All",
@@ -410,6 +538,12 @@ class TrainingJobSpec(Model):
             (
                 "!has(self.podTemplate.labels) || self.podTemplate.labels.all(k, !k.startsWith('ftjob.dev/'))",
                 "spec.podTemplate.labels must not set ftjob.dev/* labels (the operator owns them)",
+            ),
+            (
+                "!has(self.podTemplate.volumeMounts) || "
+                "self.podTemplate.volumeMounts.all(m, !has(m.mountPath) || m.mountPath != self.checkpoint.mountPath)",
+                "spec.podTemplate.volumeMounts[].mountPath must differ from spec.checkpoint.mountPath "
+                "(the checkpoint volume is mounted there)",
             ),
         )
     )
