@@ -36,6 +36,7 @@ REASON_LOST_WITH_COORDINATOR = "LostWithCoordinator"  # a worker stopped soon af
 REASON_RESTART_BACKOFF = "RestartBackoff"  # waiting out the backoff before a failure restart
 REASON_RESTARTED = "Restarted"  # a new restart generation of pods was created
 REASON_BACKOFF_LIMIT = "BackoffLimitExceeded"  # failure budget spent
+REASON_CONFIG_ERROR = "TrainerConfigError"  # the trainer exited 2: its configuration is wrong, no retry
 REASON_PREEMPTION_LIMIT = "PreemptionLimitExceeded"
 REASON_CHECKPOINT_REQUESTED = "CheckpointRequested"
 REASON_TERMINATION_NOTICE = "TerminationNotice"

@@ -15,7 +15,8 @@ from tj_builders import NOW, UID, at, condition, converge, pod, pods_created, re
 
 @pytest.mark.parametrize(
     "exit_code,reason,waiting",
-    [(1, "Error", None), (137, "OOMKilled", None), (2, "Error", None), (None, None, "ImagePullBackOff")],
+    # exit code 2 (a configuration error) fails at once instead: test_planner_config_error.py
+    [(1, "Error", None), (137, "OOMKilled", None), (3, "Error", None), (None, None, "ImagePullBackOff")],
 )
 def test_failure_restarts_the_job_after_backoff_with_a_new_generation(exit_code, reason, waiting):
     store = started()

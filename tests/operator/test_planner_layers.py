@@ -18,6 +18,7 @@ PLANNER_LAYERS = [
     "lifecycle",
     "preemption",
     "losses",
+    "config_error",
     "failure",
     "children",
     "summary",

@@ -14,7 +14,7 @@ from ftjob_trainer import contract
 
 from .. import api, render
 from .. import conditions as cond
-from . import losses, preemption, progress
+from . import config_error, losses, preemption, progress
 from .context import FOLLOW_UP_SECONDS, Context, Ending
 from .lifecycle import finish, start_new_generation
 from .losses import Loss
@@ -61,6 +61,9 @@ def fail_or_restart(ctx: Context, loss: Loss) -> Ending:
     described = f"{loss.role} {loss.pod} failed: {loss.why}, exit code {loss.exit_code}" + (
         f", message: {loss.message}" if loss.message else ""
     )
+    fatal = config_error.fail_on_config_error(ctx, loss, described)
+    if fatal:
+        return fatal
     if ctx.st.failures > policy.max_failures:
         return finish(
             ctx,

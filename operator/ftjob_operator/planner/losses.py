@@ -43,8 +43,9 @@ class Loss:
     role: str
     preemption: bool
     why: str
-    exit_code: int | None = None
+    exit_code: int | None = None  # the container's (torchrun's, for a worker)
     message: str = ""
+    trainer_exit_code: int | None = None  # the trainer's own: its termination message or its error report
 
 
 def classify(pod: dict[str, Any], nodes: Nodes, noticed: set[str]) -> Loss:
@@ -52,7 +53,9 @@ def classify(pod: dict[str, Any], nodes: Nodes, noticed: set[str]) -> Loss:
     name, role = pod_name(pod), pod_role(pod)
     t = terminated(pod) or {}
     exit_code = t.get("exitCode")
-    trainer_msg = termination_message(pod).get("message") or ""
+    said = termination_message(pod)
+    trainer_msg = said.get("message") or ""
+    trainer_exit = said.get("exitCode") if isinstance(said.get("exitCode"), int) else None
     why = preemption.evidence(pod, nodes, noticed)
     if why:
         return Loss(name, role, True, why, exit_code, trainer_msg)
@@ -60,7 +63,8 @@ def classify(pod: dict[str, Any], nodes: Nodes, noticed: set[str]) -> Loss:
     if reason:
         return Loss(name, role, False, reason, None, (waiting(pod).get("message") or "")[:MAX_MESSAGE])
     why = t.get("reason") or "Error"
-    return Loss(name, role, False, why, exit_code, (trainer_msg or t.get("message") or "")[:MAX_MESSAGE])
+    message = (trainer_msg or t.get("message") or "")[:MAX_MESSAGE]
+    return Loss(name, role, False, why, exit_code, message, trainer_exit)
 
 
 def new_losses(ctx: Context) -> list[Loss]:
@@ -151,4 +155,4 @@ def trainer_error(ctx: Context, failure: Loss | None) -> Loss | None:
     if coordinator_collateral(ctx, contract.parse_time(ctx.st.operator.coordinator_lost_at)):
         ctx.event(cond.NORMAL, cond.REASON_LOST_WITH_COORDINATOR, f"{said} after the coordinator was lost")
         return None
-    return Loss(r["pod"], render.ROLE_WORKER, False, REASON_TRAINER_ERROR, exit_code, message)
+    return Loss(r["pod"], render.ROLE_WORKER, False, REASON_TRAINER_ERROR, exit_code, message, exit_code)
