@@ -111,6 +111,7 @@ REFUSED = {
         ["spec.trainer.flags", "keys must look like a flag name without dashes"],
     ),
     # required sub-objects
+    "empty command": ({"command": []}, ["spec.command", "should have at least 1 items"]),
     "no spec": (..., ["spec: Required value"]),
     "null spec": (None, ["spec: Required value"]),
     "checkpoint volume without a source": (
