@@ -117,7 +117,7 @@ ROWS = {
     "unknown pod": (lambda c: [c.report("tj-worker-99")], 0, None),
     # a pod without POD_NAME (the trainer run by hand) cannot be blamed on a pod
     "no pod name": (lambda c: [c.report("")], 0, None),
-    # a configuration error inside the pod (exit 2) counts once, and fails the job at once (test_planner_config_error)
+    # a configuration error inside the pod (exit 2) counts once and fails the job (test_planner_config_error)
     "config error": (
         lambda c: [c.report(c.workers()[0], exit_code=2, message="configuration error: --lr", step=None)],
         1,
