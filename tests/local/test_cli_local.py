@@ -252,7 +252,9 @@ def test_pods_outlive_every_component_and_up_starts_only_what_is_missing(cluster
         and p["status"]["containerStatuses"][0]["restartCount"] == 0
     )
     wait_until(lambda: not alive(doomed_pid), 30, what="the deleted pod's process killed")
-    assert not (cluster.dir / "pods" / doomed["metadata"]["uid"]).exists()
+    # the kubelet removes the folder after the kill: wait for it rather than race it
+    doomed_dir = cluster.dir / "pods" / doomed["metadata"]["uid"]
+    wait_until(lambda: not doomed_dir.exists(), 30, what="the deleted pod's folder removed")
     assert alive(pid) and marker.read_text() == "running"
 
     # `restart` stops each component gracefully and starts it again; the pod still runs, untouched.
