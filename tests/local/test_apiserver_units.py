@@ -222,7 +222,7 @@ def test_schema_errors_and_transition_rules():
 
 
 def test_integer_fields_take_integral_numbers_only_up_to_2_to_the_53():
-    """As go-openapi's IsFloat64AJSONInteger: 4.0 is an integer, 1e30 (beyond what a float64 holds exactly) is not."""
+    """As go-openapi's IsFloat64AJSONInteger: 4.0 is an integer, 1e30 (beyond 2^53) is not."""
     ok = {"spec": {"limits": {"cpu": 4.0, "mem": float(2**53)}}}
     assert process_custom_resource(ok, None, SCHEMA)[2] == []
     _, _, errors = process_custom_resource(
@@ -230,7 +230,8 @@ def test_integer_fields_take_integral_numbers_only_up_to_2_to_the_53():
     )
     assert sorted(e.text() for e in errors) == [
         'spec.limits.cpu: Invalid value: 1e+30: spec.limits.cpu in body must be of type integer: "number"',
-        'spec.limits.mem: Invalid value: -1.8014398509481984e+16: spec.limits.mem in body must be of type integer: "number"',
+        "spec.limits.mem: Invalid value: -1.8014398509481984e+16: "
+        'spec.limits.mem in body must be of type integer: "number"',
     ]
 
 

@@ -1,11 +1,11 @@
-"""Refuse at admission (issue 14, point 5): what is decidable from the object alone is refused by `kubectl apply`
-with a message naming the field, and nothing is created. Only the local API server and the generated CRD take part
-(no node agent, no operator), as on a real cluster where the CRD's schema and CEL rules are all there is.
+"""Refuse at admission (issue 14, point 5): what is decidable from the object alone is refused by `kubectl
+apply` with a message naming the field, and nothing is created. Only the local API server and the generated
+CRD take part (no node agent, no operator), as on a real cluster where the CRD's schema and CEL rules are all
+there is.
 
-One row per class: schema bounds (integers, sane maxima), formats (image reference, quantities), the model preset
-pattern (presets and hf:), CEL rules for reserved env and volume names and mount paths, required sub-objects.
-What needs the cluster (a missing PVC) stays a condition: test_operator_conditions.py.
-"""
+One row per class: schema bounds (integers, sane maxima), formats (image reference, quantities), the model
+preset pattern (presets and hf:), CEL rules for reserved env and volume names and mount paths, required
+sub-objects. What needs the cluster (a missing PVC) is never refused here: docs/INTERFACES.md."""
 
 from __future__ import annotations
 

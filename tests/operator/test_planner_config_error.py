@@ -1,10 +1,10 @@
-"""planner/config_error.py: the trainer's exit code 2 (contract.EXIT_CONFIG_ERROR) fails the job at once, with the
-trainer's message in the Failed condition and no restart; any other failure still restarts after the backoff.
+"""planner/config_error.py: the trainer's exit code 2 (contract.EXIT_CONFIG_ERROR) fails the job at once, with
+the trainer's message in the Failed condition and no restart; any other failure still restarts after the
+backoff.
 
 One row per way the planner can learn a failure: a container's exit code, the trainer's termination message (a
-worker's container is torchrun, whose own code is 1), a trainer's error report to the coordinator while its pod
-keeps running (torchrun restarts the trainer in place), and the coordinator's own exit.
-"""
+worker's container is torchrun, whose own code is 1), a trainer's error report to the coordinator while its
+pod keeps running (torchrun restarts the trainer in place), and the coordinator's own exit."""
 
 from __future__ import annotations
 

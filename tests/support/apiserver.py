@@ -1,5 +1,5 @@
-"""The local API server alone (no node agent, no operator) with the real kubectl, the CRD applied: fast enough for a
-module-scoped fixture, and all that admission needs."""
+"""The local API server alone (no node agent, no operator) with the real kubectl, the CRD applied: fast enough
+for a module-scoped fixture, and all that admission needs."""
 
 from __future__ import annotations
 
