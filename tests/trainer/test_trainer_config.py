@@ -17,7 +17,7 @@ EXPECTED_FLAGS = {
     "--checkpoint-dir", "--checkpoint-every", "--keep-last", "--async-checkpoint", "--save-deadline-seconds",
     "--checkpoint-write-threads", "--checkpoint-read-threads", "--memory-checkpoint-dir", "--compile-cache",
     "--cpu-offload", "--param-offload",
-    "--stop-signals", "--termination-log", "--coordinator-url", "--poll-interval", "--progress-every",
+    "--stop-signals", "--peer-stop-signals", "--termination-log", "--coordinator-url", "--poll-interval", "--progress-every",
     "--steps", "--report", "--log-every", "--hash-on-load",
 }  # fmt: skip
 

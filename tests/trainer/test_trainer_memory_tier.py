@@ -40,18 +40,19 @@ def test_prune_keeps_only_the_named_steps(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["step-000000005"]
 
 
-def test_durable_copy_marks_each_rank_and_commits_once_all_ranks_are_durable(tmp_path):
+def test_durable_copy_marks_each_rank_and_commits_once_every_needed_file_is_durable(tmp_path):
     memory, durable = tmp_path / "mem", tmp_path / "tmp-step"
     durable.mkdir()
     put(memory, 4, 0, "s", {"__0_0.distcp": os.urandom(3 << 20), "rng-rank0.pt": b"r0"})
     commits = []
+    needed = {"__0_0.distcp": 3 << 20, "rng-rank0.pt": 2, "__1_0.distcp": 1}  # rank 1's shard: another pod's
     copy = mt.DurableCopy(
         str(durable),
         "s",
         4,
-        world_size=2,
         folders=mt.held(str(memory), 4, "s"),
         threads=4,
+        needed=needed,
         commit=lambda: commits.append(1) or "committed",
     )
     # rank 0's files become durable; the commit waits for rank 1 (another pod that wrote straight to durable)
@@ -63,7 +64,8 @@ def test_durable_copy_marks_each_rank_and_commits_once_all_ranks_are_durable(tmp
         memory / "step-000000004/rank-0/__0_0.distcp"
     ).read_bytes()
     assert set(mt.durable_markers(str(durable), "s")) == {0}
-    mt.write_marker(str(durable / mt.durable_marker(1)), "s", 4, 1, {"__1_0.distcp": 0}, durable=True)
+    (durable / "__1_0.distcp").write_bytes(b"1")
+    mt.write_marker(str(durable / mt.durable_marker(1)), "s", 4, 1, {"__1_0.distcp": 1}, durable=True)
     assert copy.result(timeout=30) == "committed" and commits == [1]
     assert mt.durable_sizes(mt.durable_markers(str(durable), "s"))["__0_0.distcp"] == 3 << 20
 
@@ -73,7 +75,13 @@ def test_a_cancelled_copy_never_commits(tmp_path):
     durable.mkdir()
     put(memory, 4, 0, "s", {"f": b"1"})
     copy = mt.DurableCopy(
-        str(durable), "s", 4, world_size=2, folders=mt.held(str(memory), 4, "s"), threads=1, commit=lambda: 1
+        str(durable),
+        "s",
+        4,
+        folders=mt.held(str(memory), 4, "s"),
+        threads=1,
+        needed={"g": 1},
+        commit=lambda: 1,
     )
     copy.cancel()
     with pytest.raises(mt.CopyCancelled):

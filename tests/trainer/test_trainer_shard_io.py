@@ -88,3 +88,20 @@ def test_the_writer_records_every_file_it_wrote(tmp_path, world_of_one):
     dcp.save(state(1), storage_writer=writer)
     on_disk = {n: os.path.getsize(tmp_path / n) for n in os.listdir(tmp_path) if n != ".metadata"}
     assert writer.files == on_disk and len(on_disk) == 3
+
+
+def test_small_whole_values_go_to_the_side_folder_and_load_from_there(tmp_path, world_of_one):
+    memory, durable = tmp_path / "memory", tmp_path / "durable"
+    big = {"big": torch.randn(600, 600)}  # 1.4 MB: over SIDE_MAX_BYTES, stays with the shards
+    writer = RecordingWriter(str(memory), thread_count=2, side_dir=str(durable))
+    durable.mkdir()
+    dcp.save(state(3) | big, storage_writer=writer)
+    assert writer.side_files and all(n.startswith("__0_replicated_") for n in writer.side_files)
+    assert set(writer.side_files) == {n for n in os.listdir(durable)}
+    assert writer.files and not set(writer.files) & set(writer.side_files)
+    shutil.copy(memory / ".metadata", durable / ".metadata")  # rank 0 does this at the memory commit
+    out = zeros() | {"big": torch.zeros(600, 600)}
+    reader = TieredReader(str(durable), memory_files={n: str(memory) for n in writer.files})
+    dcp.load(out, storage_reader=reader)
+    assert equal(out, state(3) | big)
+    assert set(reader.stats.files) == {TIER_MEMORY, TIER_DURABLE}

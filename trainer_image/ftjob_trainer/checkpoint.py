@@ -1,28 +1,33 @@
-"""Sharded, atomically committed DCP checkpoints across ranks: save (sync, or async with staging into host memory
-and a commit later), load the newest that loads (falling back together), and the events of both. The on-disk
-layout, the commit and retention are in checkpoint_layout.py; async staging is in checkpoint_staging.py.
+"""Sharded, atomically committed DCP checkpoints across ranks, in two tiers, and the events of saves.
+
+A save writes each rank's files into its pod's memory tier (--memory-checkpoint-dir) when there is one, or straight
+into the durable folder (.tmp-step-N/ under --checkpoint-dir) when there is none or when this rank's files must be
+durable before save() returns: a preempted pod's stop save (its memory goes with the node) and the final save.
+Once every rank's files are written, rank 0 writes ftjob.json into .tmp-step-N/: the memory commit (resumable by a
+world that can read every file it needs). Memory folders are then copied to the durable folder in the background
+(memory_tier.DurableCopy) and rank 0 renames the folder once every rank's files are durable: the commit. A save
+whose files all went straight to the durable folder commits at once. poll() hands the loop each commit, memory
+first, then durable: only durable ones may be reported as the job's lastCheckpoint. Loading is checkpoint_load.py;
+the on-disk layout, commit and retention checkpoint_layout.py; async staging checkpoint_staging.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
+import random
 import shutil
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from ftjob_trainer import contract, events
+from ftjob_trainer import contract, events, memory_tier
+from ftjob_trainer.checkpoint_copy import Commit, DurableCopies
 from ftjob_trainer.checkpoint_layout import (
-    FAILED_PREFIX,
     FORMAT,
     Retention,
     commit,
@@ -30,54 +35,44 @@ from ftjob_trainer.checkpoint_layout import (
     dir_bytes,
     fsync_file,
     list_committed,
+    list_memory_committed,
     remove_leftovers,
     rng_file,
-    set_aside,
     tmp_path,
-    validate,
+    write_meta,
 )
+from ftjob_trainer.checkpoint_load import Loaded, Loader, NothingLoadable  # noqa: F401 - re-exported
 from ftjob_trainer.checkpoint_staging import STAGED_ASYNC, non_data_values, state_nbytes
-from ftjob_trainer.contract import KIND_PERIODIC, TIER_DURABLE, now_rfc3339
+from ftjob_trainer.checkpoint_state import (  # noqa: F401 - the guard, re-exported (the seed's tests import it here)
+    needs_manual_param_reload,
+    params_on_device,
+    state_of,
+)
+from ftjob_trainer.contract import (
+    KIND_FINAL,
+    KIND_PERIODIC,
+    KIND_STOP,
+    TIER_DURABLE,
+    TIER_MEMORY,
+    now_rfc3339,
+)
+from ftjob_trainer.shard_io import RecordingWriter
 
 if STAGED_ASYNC:
     from ftjob_trainer.checkpoint_staging import new_stager
 
 log = logging.getLogger(__name__)
 
-MODEL_KEY, OPTIM_KEY = "model", "optim"  # top-level keys of the DCP state
-
-
-class NothingLoadable(RuntimeError):
-    """Committed checkpoints exist but none loaded: starting fresh would silently throw the job's work away."""
-
-
-# --- the guard (the seed: verl's FSDP engine crashed saving FSDP2 + CPUOffloadPolicy) --------------------------
-def needs_manual_param_reload(engine: Any) -> bool:
-    """Bring params to the device around save/load only when the engine offloaded them BY HAND. With FSDP2's
-    CPUOffloadPolicy, FSDP owns placement: module.to(cuda) half-moves it and the next state_dict() fails with
-    'Attempted to set the storage of a tensor on device "cpu" to a storage on different device "cuda:0"'.
-    getattr with a False default: an engine subclass that never sets the attribute still saves correctly."""
-    return bool(getattr(engine, "_is_offload_param", False)) and not getattr(
-        engine, "_uses_fsdp2_cpu_offload_policy", False
-    )
-
-
-@contextlib.contextmanager
-def params_on_device(engine: Any) -> Iterator[None]:
-    move = needs_manual_param_reload(engine)
-    if move:
-        engine.load_params_to_device()
-    try:
-        yield
-    finally:
-        if move:
-            engine.offload_params_to_host()  # back where the engine keeps them between steps
-
 
 @dataclasses.dataclass
 class InFlight:
     step: int
-    tmp: str
+    tmp: str  # the durable folder of this save
+    write_dir: str  # where this rank's files went: tmp, or its memory folder
+    direct: bool  # this rank wrote straight to the durable folder
+    all_direct: bool  # every rank did: the memory commit is the commit
+    save_id: str
+    writer: RecordingWriter
     meta: dict
     started: float
     staging: Any  # a Future done when the state is copied to host memory (None: staged synchronously)
@@ -85,13 +80,6 @@ class InFlight:
     request_id: int | None
     kind: str
     marks: dict = dataclasses.field(default_factory=dict)  # phase -> seconds since started (see save_phases)
-
-
-@dataclasses.dataclass
-class Loaded:
-    step: int
-    path: str
-    meta: dict
 
 
 class Checkpointer:
@@ -104,17 +92,26 @@ class Checkpointer:
         world_size: int,
         *,
         write_threads: int = 8,
+        read_threads: int = 8,
+        memory_root: str | None = None,
+        local_rank: int = 0,
+        local_world_size: int = 1,
     ):
         self.root, self.keep_last, self.engine = root, keep_last, engine
-        self.write_threads = write_threads
+        self.write_threads, self.read_threads = write_threads, read_threads
         self.rank, self.world_size = rank, world_size
+        self.memory_root = memory_root if root else None
+        self.local_rank, self.local_world_size = local_rank, max(1, local_world_size)
         self.inflight: InFlight | None = None
-        self.last_committed: tuple[int, str] | None = None
-        self.save_seconds: float | None = None  # measured: last save from start to commit
+        self.last_committed: tuple[int, str] | None = None  # newest durable commit: the one to report
+        self.last_saved: tuple[int, str] | None = None  # newest save whose files are all written (any tier)
+        self.save_seconds: float | None = None  # measured: last save from start to its durable commit
         self.save_phases: dict = {}
         self.retention = Retention(root, keep_last) if root else None
+        self.copies = DurableCopies(root, rank, self.retention, write_threads) if root else None
         self.state_bytes = 0
         self.stager = None
+        self._commits: list[Commit] = []
         # DCP's collectives run on their own gloo group: an async save's background thread must not share a
         # communicator with the training loop's collectives.
         self.pg = dist.new_group(backend="gloo") if dist.is_initialized() else None
@@ -125,14 +122,28 @@ class Checkpointer:
             self._barrier()
             done = list_committed(root)
             self.last_committed = done[0] if done else None
+            self.loader = Loader(
+                root,
+                self.memory_root,
+                engine,
+                self.pg,
+                rank,
+                read_threads=read_threads,
+                retention=self.retention,
+            )
+
+    def use_engine(self, engine: Any) -> None:
+        """The engine rebuilt (initialised) after a load found nothing this world can read."""
+        self.engine = engine
+        if self.root:
+            self.loader.engine = engine
 
     def _barrier(self) -> None:
         if self.pg is not None:
             dist.barrier(group=self.pg)
 
     def _state(self) -> dict:
-        model_sd, optim_sd = get_state_dict(self.engine.model, self.engine.optimizer)
-        return {MODEL_KEY: model_sd, OPTIM_KEY: optim_sd}
+        return state_of(self.engine)
 
     def _get_stager(self):
         if self.stager is None:
@@ -154,11 +165,13 @@ class Checkpointer:
         return self._get_stager().stage(self._state())
 
     def close(self, wait_for_retention: bool = False) -> None:
-        """Drain an in-flight save and release the staging buffers; at the end of a finished run also wait for
-        retention's deletions (a stopped run leaves them to the next start: its grace period is short)."""
+        """Drain an in-flight save (its files must not be half-written), stop a durable copy (a restarted worker
+        finishes it) and release the staging buffers; at the end of a finished run also wait for retention's
+        deletions (a stopped run leaves them to the next start: its grace period is short)."""
         try:
             self.drain()
         finally:
+            self._settle_copy(supersede=True)  # a restarted worker finishes it
             if self.stager is not None:
                 self.stager.close()
                 self.stager = None
@@ -174,8 +187,10 @@ class Checkpointer:
         asynchronous: bool = False,
         request_id: int | None = None,
         kind: str = KIND_PERIODIC,
+        durable_now: bool = False,
     ) -> str | None:
-        """Collective. Sync: returns the committed path. Async: returns None; poll()/drain() commit it later."""
+        """Collective. Sync: returns the folder of the save's commit (durable, or memory: see Commit). Async:
+        returns None; poll()/drain() finish it. durable_now: this rank's files go straight to the durable folder."""
         assert self.root, "save() needs a checkpoint directory"
         events.emit(
             contract.EVENT_CHECKPOINT_SAVE_STARTED,
@@ -185,29 +200,53 @@ class Checkpointer:
             waits_for=self.inflight.step if self.inflight else None,  # an async save to finish first
         )
         if self.inflight and self.inflight.step == step and not asynchronous:
-            done = self.drain()  # an async save of this very step is in flight: finishing it is enough
-            if done is not None:
-                self._barrier()
-                return done[1]
-            # it failed (logged, dropped): save this step again, synchronously
-        if self.last_committed and self.last_committed[0] == step:
-            return self.last_committed[1]  # this exact state is already committed
+            self.drain()  # an async save of this very step is in flight: finishing it is enough
+            self._barrier()
+        if self.last_saved and self.last_saved[0] == step:  # this exact state is saved already
+            if durable_now:
+                self.wait_own_files_durable()
+            return self.last_saved[1]
         self.drain()
+        # a newer stop or final save supersedes the durable copy of an older one; any other save waits for it, so
+        # the durable tier never falls more than one save behind
+        self._settle_copy(supersede=kind in (KIND_STOP, KIND_FINAL))
         started = time.monotonic()
         tmp = tmp_path(self.root, step)
         if self.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
             os.makedirs(tmp)
-        self._barrier()
+        direct = durable_now or not self.memory_root
+        save_id, all_direct = self._agree_save(direct)  # also the barrier after rank 0 made the folder
+        write_dir = tmp
+        if not direct:
+            write_dir = memory_tier.rank_dir(self.memory_root, step, self.rank)
+            shutil.rmtree(write_dir, ignore_errors=True)
+            os.makedirs(write_dir)
         rng = {"cpu": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state()
-        torch.save(rng, rng_file(tmp, self.rank))
-        fsync_file(rng_file(tmp, self.rank))
-        meta = dict(meta, format=FORMAT, step=step, world_size=self.world_size)
+        torch.save(rng, rng_file(write_dir, self.rank))
+        if direct:
+            fsync_file(rng_file(write_dir, self.rank))
+        meta = dict(
+            meta,
+            format=FORMAT,
+            step=step,
+            world_size=self.world_size,
+            save_id=save_id,
+            kind=kind,
+            request_id=request_id,
+        )
         # Several writer threads, each with its own file: one stream (DCP's default) left the disk half idle and
         # serialized the device-to-host copies with the writes (bench: 26 s for 11.4 GB on a 1.55 GB/s disk).
-        writer = FileSystemWriter(tmp, sync_files=True, thread_count=self.write_threads)
+        # Memory needs no fsync: it is not durable anyway, and the durable copy fsyncs.
+        writer = RecordingWriter(
+            write_dir,
+            sync_files=direct,
+            thread_count=self.write_threads,
+            # values every rank may need go to the durable folder at once (another pod cannot read this memory)
+            side_dir=None if direct or self.world_size == 1 else tmp,
+        )
         with params_on_device(self.engine):
             state = self._state()
             if not self.state_bytes:  # the first save: check once what the stager will deep-copy
@@ -238,13 +277,37 @@ class Checkpointer:
             else:  # older torch: async_save stages synchronously (no pinned reuse), then writes in the background
                 upload, staging = dcp.async_save(state, storage_writer=writer, process_group=self.pg), None
                 _emit_staged(step, kind, started)
-        self.inflight = InFlight(step, tmp, meta, started, staging, upload, request_id, kind)
+        self.inflight = InFlight(
+            step,
+            tmp,
+            write_dir,
+            direct,
+            all_direct,
+            save_id,
+            writer,
+            meta,
+            started,
+            staging,
+            upload,
+            request_id,
+            kind,
+        )
         self.inflight.marks["submitted"] = time.monotonic() - started
         if asynchronous:
             return None
-        _, path, _ = self._finish()
-        self._barrier()  # every rank waits for rank 0's rename: nobody reports a checkpoint before it exists
-        return path
+        return self._finish(synchronous=True)[1]
+
+    def _agree_save(self, direct: bool) -> tuple[str, bool]:
+        """Collective: rank 0's id of this save (it ties memory copies to it), and whether every rank writes
+        straight to the durable folder."""
+        mine = torch.tensor(
+            [1 if direct else 0, random.getrandbits(62) if self.rank == 0 else 0], dtype=torch.int64
+        )
+        parts = [mine]
+        if self.pg is not None:
+            parts = [torch.zeros_like(mine) for _ in range(dist.get_world_size(self.pg))]
+            dist.all_gather(parts, mine, group=self.pg)
+        return f"{int(parts[0][1]):016x}", all(int(p[0]) for p in parts)
 
     def wait_for_staging(self) -> None:
         """Called right before optimizer.step(): the staged copy must be complete before params change."""
@@ -252,14 +315,20 @@ class Checkpointer:
             self.inflight.staging.result()
             self.inflight.staging = None
 
-    def poll(self) -> tuple[int, str, int | None] | None:
-        """Non-blocking: if the in-flight async save has finished writing, commit it. Returns (step, path, request).
-        A background save that failed (disk full, a lost peer) is logged and dropped: training goes on and the
-        last committed checkpoint stays the one to resume from (DCP raises the failure on every rank alike)."""
+    def poll(self) -> list[Commit]:
+        """Non-blocking: finish an async save whose files are written (its memory commit, or its commit), reap a
+        finished durable copy; returns the commits since the last call. A background save that failed (disk or
+        /dev/shm full, a lost peer) is logged and dropped: the last save stays the one to resume from."""
         f = self.inflight
-        if f is None or f.upload is None or not f.upload.done():
-            return None
-        return self._finish_or_drop()
+        if f is not None and (f.upload is None or f.upload.done()):
+            self._finish_or_drop()
+        if self.copies is not None and self.copies.done():
+            self._settle_copy(supersede=False)
+        return self.take_commits()
+
+    def take_commits(self) -> list[Commit]:
+        out, self._commits = self._commits, []
+        return out
 
     def pending_seconds(self) -> float:
         """A guess of how long the in-flight save still needs (its measured duration minus its age)."""
@@ -268,18 +337,19 @@ class Checkpointer:
         return max(0.0, (self.save_seconds or 0.0) - (time.monotonic() - self.inflight.started))
 
     def drain(self) -> tuple[int, str, int | None] | None:
-        """Wait for an in-flight save and commit it (before exit, before the next save)."""
+        """Wait for an in-flight save's files and finish it (before exit, before the next save): (step, folder of
+        its commit, request id), or None (nothing in flight, or it failed)."""
         if self.inflight is None:
             return None
         return self._finish_or_drop()
 
     def _finish_or_drop(self) -> tuple[int, str, int | None] | None:
-        """Commit the in-flight save; if its background write failed (disk full, a lost peer), log it, remove its
-        temp dir and return None: the last committed checkpoint stays the one to resume from, and the caller's
-        next save (the preemption save on the stop path) still runs. DCP raises the failure on every rank alike."""
+        """Finish the in-flight save; if its background write failed (disk full, a lost peer), log it, remove its
+        folders and return None: the last save stays the one to resume from, and the caller's next save (the
+        preemption save on the stop path) still runs. DCP raises the failure on every rank alike."""
         f = self.inflight
         try:
-            return self._finish()
+            return self._finish(synchronous=False)
         except Exception as e:  # noqa: BLE001 - any failure of the background write means: not committed
             log.error(
                 "async checkpoint of step %d failed (%s: %s); not committed, the last committed one stays %s",
@@ -295,11 +365,17 @@ class Checkpointer:
                 reason="failed",
                 error=f"{type(e).__name__}: {e}",
             )
+            if not f.direct:  # a full /dev/shm would fail every save: the durable tier alone from now on
+                log.warning(
+                    "memory tier %s disabled after the failure: size the pod's /dev/shm", self.memory_root
+                )
+                self.memory_root = None
+                shutil.rmtree(f.write_dir, ignore_errors=True)
             if self.rank == 0:
                 shutil.rmtree(f.tmp, ignore_errors=True)
             return None
 
-    def _finish(self):
+    def _finish(self, *, synchronous: bool) -> tuple[int, str, int | None]:
         f = self.inflight
         assert f is not None
         self.inflight = None
@@ -309,31 +385,75 @@ class Checkpointer:
         if f.upload is not None:
             f.upload.result()  # raises if any rank failed: nothing gets committed
         f.marks["written"] = time.monotonic() - f.started
+        files = dict(f.writer.files)
+        files[os.path.basename(rng_file(f.write_dir, self.rank))] = os.path.getsize(
+            rng_file(f.write_dir, self.rank)
+        )
+        if not f.all_direct:  # say where this rank's files are: complete in the durable folder, or in memory
+            durable_files = files if f.direct else f.writer.side_files
+            if durable_files:
+                marker = os.path.join(f.tmp, memory_tier.durable_marker(self.rank))
+                memory_tier.write_marker(marker, f.save_id, f.step, self.rank, durable_files, durable=True)
+            if not f.direct:
+                marker = os.path.join(f.write_dir, memory_tier.FILES_MARKER)
+                memory_tier.write_marker(marker, f.save_id, f.step, self.rank, files, durable=False)
+        if synchronous:
+            self._barrier()  # every rank's files are sealed before rank 0 records the save
         final = os.path.join(self.root, committed_name(f.step))
+        path, tier = (final, TIER_DURABLE) if f.all_direct else (f.tmp, TIER_MEMORY)
+        elapsed = time.monotonic() - f.started
         if self.rank == 0:
-            elapsed = time.monotonic() - f.started
-            commit(f.tmp, final, dict(f.meta, time=now_rfc3339(), save_seconds=elapsed))
+            if not f.direct:  # DCP wrote the .metadata into rank 0's memory folder: loaders read it here
+                shutil.copyfile(os.path.join(f.write_dir, ".metadata"), os.path.join(f.tmp, ".metadata"))
+                fsync_file(os.path.join(f.tmp, ".metadata"))
+            if f.all_direct:
+                commit(f.tmp, final, dict(f.meta, time=now_rfc3339(), save_seconds=elapsed))
+            else:
+                write_meta(f.tmp, dict(f.meta, time=now_rfc3339(), memory_seconds=elapsed))
             f.marks["committed"] = time.monotonic() - f.started
-            # rank 0's rename is the commit: only it can say so (the other ranks may be ahead of it here)
+            # rank 0's rename (or ftjob.json) is the commit: only it can say so (other ranks may be ahead of it)
             events.emit(
                 contract.EVENT_CHECKPOINT_COMMITTED,
                 step=f.step,
-                path=final,
-                bytes=dir_bytes(final),
+                path=path,
+                bytes=dir_bytes(path) if f.all_direct else None,  # in memory: spread over the pods
                 seconds=round(f.marks["committed"], 4),
                 kind=f.kind,
-                tier=TIER_DURABLE,
+                tier=tier,
                 request_id=f.request_id,
             )
-            self.retention.apply()
-        self.save_seconds = time.monotonic() - f.started
-        f.marks["done"] = self.save_seconds
+            if f.all_direct:
+                self.retention.apply()
+        if synchronous:
+            self._barrier()  # nobody reports (or exits on) a save before rank 0 recorded it
+        f.marks["done"] = time.monotonic() - f.started
         # For a sync save, where its time went (cumulative seconds): state dict + submit, copy to host memory,
-        # shards written and fsynced, commit (rank 0), retention. For an async one, when each wait ended.
+        # files written, commit (rank 0), retention. For an async one, when each wait ended.
         self.save_phases = dict(f.marks)
-        self.last_committed = (f.step, final)
-        log.info("checkpoint step %d committed at %s in %.2fs", f.step, final, self.save_seconds)
-        return f.step, final, f.request_id
+        self.last_saved = (f.step, path)
+        self._commits.append(Commit(f.step, path, tier, f.request_id, f.kind, elapsed))
+        if f.all_direct:
+            self.save_seconds, self.last_committed = f.marks["done"], (f.step, final)
+        elif f.kind != KIND_STOP:  # after a stop save this process exits: the restarted worker copies
+            folders = [] if f.direct else [memory_tier.RankFolder(self.rank, f.write_dir, files)]
+            self.copies.start(f.step, f.tmp, f.meta, folders, f.started)
+        self._prune_memory(keep={f.step})
+        log.info("checkpoint step %d saved (%s) at %s in %.2fs", f.step, tier, path, f.marks["done"])
+        return f.step, path, f.request_id
+
+    def _settle_copy(self, *, supersede: bool) -> None:
+        done = self.copies.settle(supersede=supersede) if self.copies is not None else None
+        if done is not None:
+            self.last_committed, self.save_seconds = (done.step, done.path), done.seconds
+            self._commits.append(done)
+
+    def wait_own_files_durable(self, timeout: float | None = None) -> bool:
+        """A preempted rank whose latest save is memory-committed: wait until the files its pod holds are durable."""
+        return self.copies is None or self.copies.wait_own_files_durable(timeout)
+
+    def _prune_memory(self, keep: set[int]) -> None:
+        if self.local_rank == 0:  # one process per pod tidies the pod's memory folder
+            memory_tier.prune(self.memory_root, keep)
 
     def wait_for_retention(self, timeout: float | None = None) -> None:
         if self.retention is not None:
@@ -344,100 +464,28 @@ class Checkpointer:
 
     # --- load -----------------------------------------------------------------------------------------------
     def load_latest(self) -> Loaded | None:
-        """Collective. Newest committed checkpoint that loads; a failing one is logged, set aside (renamed, never
-        deleted) and the previous one tried. None when there is nothing committed (a fresh start)."""
+        """Collective. The newest checkpoint every rank can read (checkpoint_load.py); a memory-committed one gets
+        its durable copy finished in the background: each process copies its share of the memory folders its pod
+        holds, and rank 0 commits."""
         if not self.root:
             return None
-        failures = []
-        for step, path in list_committed(self.root):
-            # Every rank must take the same branch: agree on the outcome after the checks and after the load,
-            # or one failing rank would wait in a barrier while the others train on (a hang).
-            error = None
-            started = time.monotonic()
-            try:
-                meta = validate(path)
-            except Exception as e:  # noqa: BLE001 - any failure means: try the previous one
-                error = e
-            if self._all_ok(error is None):
-                try:
-                    nbytes, read_seconds = self._load(path, meta)
-                except Exception as e:  # noqa: BLE001
-                    error = e
-                if self._all_ok(error is None):
-                    self.last_committed = (step, path)
-                    self.save_seconds = meta.get("save_seconds")
-                    events.emit(
-                        contract.EVENT_CHECKPOINT_LOADED,
-                        step=step,
-                        path=path,
-                        bytes=nbytes,
-                        seconds=round(read_seconds, 4),
-                        gbps=round(nbytes / read_seconds / 1e9, 4) if read_seconds > 0 else None,
-                        total_s=round(time.monotonic() - started, 4),
-                        tier=TIER_DURABLE,
-                        saved_world_size=meta.get("world_size"),
-                    )
-                    log.info(
-                        "resumed from %s (step %d, saved at world size %s)",
-                        path,
-                        step,
-                        meta.get("world_size"),
-                    )
-                    return Loaded(step, path, meta)
-            failures.append(path)
-            reason = f"{type(error).__name__}: {error}" if error else "it failed on another rank"
-            events.emit(contract.EVENT_CHECKPOINT_REJECTED, step=step, path=path, error=reason)
-            log.error(
-                "CHECKPOINT LOAD FAILED: %s (%s); falling back to the previous committed checkpoint. "
-                "The directory is kept for inspection as %s*",
-                path,
-                reason,
-                FAILED_PREFIX,
-            )
-            self._barrier()
-            if self.rank == 0:
-                set_aside(self.root, path, step)
-            self._barrier()
-        if failures:
-            raise NothingLoadable(
-                f"none of the committed checkpoints under {self.root} could be loaded (set aside: {failures}); "
-                "refusing to start fresh over them. Inspect or move them away to start over."
-            )
-        return None
-
-    def _all_ok(self, ok: bool) -> bool:
-        """Collective: True only if every rank's ok is True."""
-        if self.pg is None:
-            return ok
-        t = torch.tensor([0 if ok else 1], dtype=torch.int32)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.pg)
-        return int(t) == 0
-
-    def _load(self, path: str, meta: dict) -> tuple[int, float]:
-        """Load path into the engine; returns this rank's bytes of state read and the read's seconds."""
-        with params_on_device(self.engine):
-            state = self._state()
-            started = time.monotonic()
-            dcp.load(state, storage_reader=FileSystemReader(path), process_group=self.pg)
-            read_seconds = time.monotonic() - started
-            set_state_dict(
-                self.engine.model,
-                self.engine.optimizer,
-                model_state_dict=state[MODEL_KEY],
-                optim_state_dict=state[OPTIM_KEY],
-            )
-        if "scheduler" in meta:
-            self.engine.scheduler.load_state_dict(meta["scheduler"])
-        self._restore_rng(path)
-        return state_nbytes(state), read_seconds
-
-    def _restore_rng(self, path: str) -> None:
-        own = rng_file(path, self.rank)
-        f = own if os.path.exists(own) else rng_file(path, 0)  # fewer ranks saved than now run
-        rng = torch.load(f, weights_only=True)
-        torch.set_rng_state(rng["cpu"])
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state(rng["cuda"])
+        loaded = self.loader.load_latest()
+        done = list_committed(self.root)
+        self.last_committed = done[0] if done else None
+        keep = set()
+        if loaded:
+            keep.add(loaded.step)
+            self.last_saved = (loaded.step, loaded.path)
+            self.save_seconds = loaded.meta.get("save_seconds", self.save_seconds)
+            if not loaded.committed:
+                mine = [rf for rf in loaded.held if rf.rank % self.local_world_size == self.local_rank]
+                self.copies.start(loaded.step, loaded.path, loaded.meta, mine, started=None)
+        if self.rank == 0:  # memory-committed saves this one supersedes
+            for _, path in list_memory_committed(self.root):
+                if not loaded or path != loaded.path:
+                    self.retention.discard(path)
+        self._prune_memory(keep)
+        return loaded
 
 
 def _emit_staged(step: int, kind: str, started: float) -> None:

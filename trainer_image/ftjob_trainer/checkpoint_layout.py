@@ -3,7 +3,10 @@ here, no collectives: checkpoint.py orchestrates saves and loads across ranks on
 
 Under --checkpoint-dir:
   step-000000120/            committed: DCP shards + .metadata + ftjob.json (the loop's state) + rng-rank<r>.pt
-  .tmp-step-000000130/       a save in progress (or killed half-way): never loaded, never counted
+  .tmp-step-000000130/       a save in progress (or killed half-way): never loaded, never counted. Once it holds
+                             ftjob.json, every rank's files of the step are written, some maybe only in their pod's
+                             memory tier (memory_tier.py): "memory-committed", resumable where every rank can read
+                             what it needs; the durable copy fills it in and rank 0 renames it (the commit)
   .trash-step-000000100/     dropped by retention, being deleted in the background (or left by an exit: removed
                              at the next start)
   failed-step-000000110-<t>/ a committed checkpoint that failed to load, set aside as evidence (never deleted)
@@ -68,9 +71,34 @@ def list_committed(root: str) -> list[tuple[int, str]]:
     return sorted(out, reverse=True)
 
 
+def list_memory_committed(root: str) -> list[tuple[int, str]]:
+    """Saves whose files are all written but not all durable yet (a .tmp- folder holding ftjob.json), newest first."""
+    if not os.path.isdir(root):
+        return []
+    out = []
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        if name.startswith(TMP_PREFIX) and os.path.isfile(os.path.join(path, META_FILE)):
+            step = name.removeprefix(TMP_PREFIX)
+            if step.isdigit():
+                out.append((int(step), path))
+    return sorted(out, reverse=True)
+
+
 def retention_victims(committed: list[tuple[int, str]], keep_last: int) -> list[str]:
     """Which committed checkpoints to delete: all but the newest keep_last (never the newest one)."""
     return [path for _, path in committed[max(1, keep_last) :]]
+
+
+def needed_files(path: str, world_size: int) -> dict[str, int]:
+    """name -> bytes of every file a complete checkpoint in `path` holds: the shards its DCP .metadata names
+    (read from `path`) and each rank's RNG state."""
+    need: dict[str, int] = {}
+    for info in (FileSystemReader(path).read_metadata().storage_data or {}).values():
+        need[info.relative_path] = max(need.get(info.relative_path, 0), info.offset + info.length)
+    for r in range(world_size):
+        need[os.path.basename(rng_file(path, r))] = 1
+    return need
 
 
 def validate(path: str) -> dict[str, Any]:
@@ -104,14 +132,36 @@ def validate(path: str) -> dict[str, Any]:
     return meta
 
 
+def validate_memory_committed(path: str) -> dict[str, Any]:
+    """The checks a memory-committed save allows before a load: ftjob.json and the DCP .metadata readable (which
+    file comes from which tier, and whether it is complete there, is the reader's per-file decision)."""
+    try:
+        meta = json.load(open(os.path.join(path, META_FILE)))
+    except (OSError, ValueError) as e:
+        raise CorruptCheckpoint(f"{path}: {META_FILE} unreadable ({e})") from e
+    if meta.get("format") != FORMAT or not meta.get("save_id"):
+        raise CorruptCheckpoint(f"{path}: not a memory-committed save of format {FORMAT}")
+    try:
+        FileSystemReader(path).read_metadata()
+    except Exception as e:  # noqa: BLE001 - any failure to parse means unusable
+        raise CorruptCheckpoint(f"{path}: DCP .metadata unreadable ({type(e).__name__}: {e})") from e
+    return meta
+
+
 def remove_leftovers(root: str) -> None:
-    """At start (rank 0): saves killed half-way and retention's deletions cut short by an exit."""
+    """At start (rank 0): saves killed half-way and retention's deletions cut short by an exit. The newest
+    memory-committed save stays when it is newer than every committed one: this start may resume from it and
+    finish its durable copy."""
+    committed = list_committed(root)
+    newest = committed[0][0] if committed else -1
+    pending = [path for step, path in list_memory_committed(root) if step > newest][:1]
     for name in os.listdir(root):
-        if name.startswith(TMP_PREFIX):  # incomplete by construction
-            log.warning("removing incomplete save %s (never committed)", name)
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        path = os.path.join(root, name)
+        if name.startswith(TMP_PREFIX) and path not in pending:  # incomplete, or superseded
+            log.warning("removing save %s (never committed, and no longer the newest)", name)
+            shutil.rmtree(path, ignore_errors=True)
         elif name.startswith(TRASH_PREFIX):
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def fsync_file(path: str) -> None:
@@ -128,16 +178,24 @@ def _fsync_dir(path: str) -> None:
 
 
 def _write_json_durable(path: str, doc: dict) -> None:
-    with open(path, "w") as f:
+    """tmp + fsync + rename: a crash leaves the previous document or the new one, never half of one."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
         json.dump(doc, f, indent=1, sort_keys=True)
         f.flush()
         os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_meta(tmp: str, meta: dict) -> None:
+    """Rank 0, once every rank's files are written somewhere: the memory commit (ftjob.json in the .tmp- folder)."""
+    _write_json_durable(os.path.join(tmp, META_FILE), meta)
+    _fsync_dir(tmp)
 
 
 def commit(tmp: str, final: str, meta: dict) -> None:
-    """Rank 0, once every rank's shards are written: ftjob.json, fsync, rename (the commit), fsync the parent."""
-    _write_json_durable(os.path.join(tmp, META_FILE), meta)
-    _fsync_dir(tmp)
+    """Rank 0, once every rank's shards are durable: ftjob.json, fsync, rename (the commit), fsync the parent."""
+    write_meta(tmp, meta)
     os.rename(tmp, final)
     _fsync_dir(os.path.dirname(final))
 
@@ -168,12 +226,23 @@ class Retention:
             log.info("retention: deleting %s (keeping the newest %d committed)", victim, self.keep_last)
             trash = os.path.join(self.root, TRASH_PREFIX + os.path.basename(victim).removeprefix("step-"))
             os.rename(victim, trash)
-            t = threading.Thread(
-                target=shutil.rmtree, args=(trash,), kwargs={"ignore_errors": True}, daemon=True
-            )
-            t.start()
-            self._deleters.append(t)
+            self._delete(trash)
         self._deleters = [t for t in self._deleters if t.is_alive()]
+
+    def discard(self, path: str) -> None:
+        """A memory-committed save that no longer counts (superseded, or unreadable by this world): out of the
+        listing at once (renamed to .trash-), deleted in the background."""
+        trash = os.path.join(self.root, TRASH_PREFIX + os.path.basename(path).removeprefix(TMP_PREFIX))
+        try:
+            os.rename(path, trash)
+        except OSError:
+            return  # already gone
+        self._delete(trash)
+
+    def _delete(self, trash: str) -> None:
+        t = threading.Thread(target=shutil.rmtree, args=(trash,), kwargs={"ignore_errors": True}, daemon=True)
+        t.start()
+        self._deleters.append(t)
 
     def wait(self, timeout: float | None = None) -> None:
         for t in self._deleters:

@@ -204,6 +204,11 @@ class ParallelConfig:
 @dataclass
 class PreemptionConfig:
     stop_signals: str = opt("SIGTERM,SIGINT,SIGUSR1", "comma-separated signals that mean: save and stop")
+    peer_stop_signals: str = opt(
+        "SIGUSR2",
+        "comma-separated signals that mean: a peer is going away, this pod stays; stop with it as its peers do (a "
+        "rank stopped by another's signal), keeping this rank's files in the memory tier, and exit 75",
+    )
     termination_log: str = opt(contract.DEFAULT_TERMINATION_LOG, "where the JSON termination message goes")
     coordinator_url: str | None = opt(
         None, "the coordinator's control API, e.g. http://10.96.0.12:29401", kind="opt_str"
@@ -222,11 +227,20 @@ class PreemptionConfig:
             raise ConfigError(
                 f"--stop-signals={self.stop_signals!r}: use a comma-separated subset of {KNOWN_SIGNALS}"
             )
+        peer = self.peer_signal_names()
+        if [n for n in peer if n not in KNOWN_SIGNALS] or set(peer) & set(names):
+            raise ConfigError(
+                f"--peer-stop-signals={self.peer_stop_signals!r}: a comma-separated subset of {KNOWN_SIGNALS} "
+                f"not in --stop-signals ({','.join(names)})"
+            )
         if self.poll_interval <= 0 or self.progress_every < 1:
             raise ConfigError("--poll-interval must be > 0 and --progress-every >= 1")
 
     def signal_names(self) -> list[str]:
         return [s.strip().upper() for s in self.stop_signals.split(",") if s.strip()]
+
+    def peer_signal_names(self) -> list[str]:
+        return [s.strip().upper() for s in self.peer_stop_signals.split(",") if s.strip()]
 
 
 @dataclass

@@ -8,8 +8,10 @@ volume); a background copy then makes them durable in the checkpoint folder. Lay
   <checkpoint-dir>/.tmp-step-000000120/
       ftjob.json                      rank 0 writes it once every rank's files are written (in memory or here): from
                                       then on the step is "memory-committed": resumable where every file is readable
-      durable-rank3.json              rank 3's files are complete and fsynced here (same shape as ftjob-files.json)
-  <checkpoint-dir>/step-000000120/    the durable commit: rank 0 renames the folder once every rank has its marker
+      durable-rank3.json              which of rank 3's files are complete and fsynced here (same shape as
+                                      ftjob-files.json): its small whole values at once, the rest once copied
+  <checkpoint-dir>/step-000000120/    the durable commit: rank 0 renames the folder once the markers cover every
+                                      file the save needs (its .metadata's shards, every rank's rng file)
 
 The pod's memory folder outlives a worker process (torchrun restarts workers in the same container), not the pod.
 A restarted worker finishes the durable copy of the rank folders its pod holds (DurableCopy.continue_from).
@@ -176,25 +178,31 @@ class CopyCancelled(RuntimeError):
     pass
 
 
+def covered(durable_dir: str, save_id: str, needed: dict[str, int]) -> bool:
+    """Whether the durable markers of this save list every needed file, complete."""
+    have = durable_sizes(durable_markers(durable_dir, save_id))
+    return all(have.get(name, -1) >= size for name, size in needed.items())
+
+
 class DurableCopy:
-    """Copies rank folders from memory to the durable folder of one save (one thread per file, fsynced), writes each
-    rank's durable marker, and, on the committing rank (rank 0), waits until every rank of the save has its marker
-    and calls commit(). result(): the commit's return value (None where this rank does not commit).
-    cancel(): a newer save supersedes this one (or the process must exit): stop copying, never commit."""
+    """Copies rank folders from memory to the durable folder of one save (one thread per file, fsynced) and adds
+    them to each rank's durable marker; on the committing rank (rank 0, `needed` given), waits until the markers
+    cover every file the save needs and calls commit(). result(): the commit's return value (None where this rank
+    does not commit). cancel(): a newer save supersedes this one (or the process exits): stop, never commit."""
 
     def __init__(
         self,
         durable_dir: str,
         save_id: str,
         step: int,
-        world_size: int,
         folders: list[RankFolder],
         *,
         threads: int,
-        commit: Callable[[], object] | None,
+        needed: dict[str, int] | None = None,
+        commit: Callable[[], object] | None = None,
     ):
         self.durable_dir, self.save_id, self.step = durable_dir, save_id, step
-        self.world_size, self.folders, self.threads = world_size, folders, max(1, threads)
+        self.folders, self.threads, self.needed = folders, max(1, threads), needed
         self.commit_fn = commit
         self.cancelled = threading.Event()
         self.copied_bytes = 0
@@ -212,9 +220,11 @@ class DurableCopy:
 
     def _copy_and_commit(self) -> object:
         for rf in self.folders:
-            if os.path.exists(os.path.join(self.durable_dir, durable_marker(rf.rank))):
+            marker = os.path.join(self.durable_dir, durable_marker(rf.rank))
+            listed = (read_marker(marker) or {}).get("files", {}) if os.path.exists(marker) else {}
+            names = sorted((n for n in rf.files if n not in listed), key=lambda n: -rf.files[n])
+            if not names:
                 continue  # already durable (a previous worker finished this folder)
-            names = sorted(rf.files, key=lambda n: -rf.files[n])
             with ThreadPoolExecutor(min(self.threads, max(1, len(names)))) as pool:
                 copies = [
                     pool.submit(
@@ -224,18 +234,12 @@ class DurableCopy:
                 ]
                 self.copied_bytes += sum(c.result() for c in copies)
             _fsync(self.durable_dir)
-            write_marker(
-                os.path.join(self.durable_dir, durable_marker(rf.rank)),
-                self.save_id,
-                self.step,
-                rf.rank,
-                rf.files,
-                durable=True,
-            )
+            files = {**{k: int(v) for k, v in listed.items()}, **rf.files}
+            write_marker(marker, self.save_id, self.step, rf.rank, files, durable=True)
         self.copied_at = time.monotonic()
-        if self.commit_fn is None:
+        if self.commit_fn is None or self.needed is None:
             return None
-        while len(durable_markers(self.durable_dir, self.save_id)) < self.world_size:
+        while not covered(self.durable_dir, self.save_id, self.needed):
             if self.cancelled.wait(MARKER_POLL_SECONDS):
                 raise CopyCancelled(self.durable_dir)
         if self.cancelled.is_set():

@@ -19,6 +19,7 @@ is touched; DCP hands the failure to every rank, so all of them reject the check
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import time
 from collections.abc import Mapping
@@ -26,28 +27,72 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, SavePlan, SavePlanner
+from torch.distributed.checkpoint.planner import (
+    LoadPlan,
+    LoadPlanner,
+    SavePlan,
+    SavePlanner,
+    WriteItem,
+    WriteItemType,
+)
 from torch.futures import Future
 
 from ftjob_trainer.contract import TIER_DURABLE, TIER_MEMORY, TIER_MIXED
 
+SIDE_PREFIX = "replicated_"  # a side file's name: <DCP's rank prefix>replicated_<n>.distcp
+SIDE_MAX_BYTES = 1 << 20
+
+
+def is_small_whole(item: WriteItem, max_bytes: int = SIDE_MAX_BYTES) -> bool:
+    """A value DCP stores once for all ranks (not a shard: plain data, or a tensor chunk that is the whole tensor,
+    such as AdamW's step) and small. DCP spreads such items over the ranks' files, so any rank may need them."""
+    if item.type == WriteItemType.BYTE_IO:
+        return True
+    t = item.tensor_data
+    return (
+        t is not None
+        and list(t.chunk.sizes) == list(t.size)
+        and (item.tensor_storage_size() or 0) <= max_bytes
+    )
+
 
 class RecordingWriter(FileSystemWriter):
-    def __init__(self, path: str, **kwargs):
+    """DCP's FileSystemWriter that records the files it wrote. side_dir: the durable folder, where this rank writes
+    its small whole values (is_small_whole) while its shards go to `path` (its memory folder): another pod may need
+    those values (DCP stores each once, on some rank) and can only read them from the durable tier; they are a few
+    KB, written and fsynced at once."""
+
+    def __init__(self, path: str, *, side_dir: str | None = None, **kwargs):
         super().__init__(path, **kwargs)
-        self.files: dict[
-            str, int
-        ] = {}  # what write_data wrote: name -> bytes (the .metadata is not among them)
+        self.files: dict[str, int] = {}  # what went to `path`: name -> bytes (not the .metadata)
+        self.side_files: dict[str, int] = {}  # what went to side_dir
+        self.side = FileSystemWriter(side_dir, sync_files=True, thread_count=1) if side_dir else None
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
-        fut = super().write_data(plan, planner)
-        fut.wait()  # FileSystemWriter writes before it returns; wait() raises its failure here
-        for result in fut.value():
-            info = result.storage_data
-            self.files[info.relative_path] = max(
-                self.files.get(info.relative_path, 0), info.offset + info.length
-            )
+        side_items = [i for i in plan.items if is_small_whole(i)] if self.side else []
+        results = []
+        if (
+            side_items
+            and dataclasses.is_dataclass(plan.storage_data)
+            and hasattr(plan.storage_data, "prefix")
+        ):
+            prefix = dataclasses.replace(plan.storage_data, prefix=plan.storage_data.prefix + SIDE_PREFIX)
+            side = {id(i) for i in side_items}
+            side_plan = dataclasses.replace(plan, items=side_items, storage_data=prefix)
+            plan = dataclasses.replace(plan, items=[i for i in plan.items if id(i) not in side])
+            results += _record(self.side.write_data(side_plan, planner), self.side_files)
+        results += _record(super().write_data(plan, planner), self.files)
+        fut: Future = Future()
+        fut.set_result(results)
         return fut
+
+
+def _record(fut: Future, files: dict[str, int]) -> list:
+    fut.wait()  # FileSystemWriter writes before it returns; wait() raises its failure here
+    for result in fut.value():
+        info = result.storage_data
+        files[info.relative_path] = max(files.get(info.relative_path, 0), info.offset + info.length)
+    return list(fut.value())
 
 
 class ShardsUnavailable(RuntimeError):
@@ -62,6 +107,9 @@ class ReadStats:
     files: dict[str, int] = field(default_factory=dict)
     bytes: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    state_bytes: int = (
+        0  # the state this rank loaded (set by the caller: the files hold it with some framing)
+    )
 
     @property
     def total_bytes(self) -> int:

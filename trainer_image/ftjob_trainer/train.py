@@ -17,12 +17,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ftjob_trainer import contract, events
-from ftjob_trainer.checkpoint import Checkpointer, NothingLoadable
+from ftjob_trainer import compile_cache, contract, events
+from ftjob_trainer.checkpoint import Checkpointer, Commit, NothingLoadable
 from ftjob_trainer.config import ConfigError, TrainConfig, parse_args, to_dict
-from ftjob_trainer.contract import KIND_FINAL, KIND_PERIODIC, KIND_REQUEST, KIND_STOP, now_rfc3339
+from ftjob_trainer.contract import (
+    KIND_FINAL,
+    KIND_PERIODIC,
+    KIND_REQUEST,
+    KIND_STOP,
+    TIER_DURABLE,
+    now_rfc3339,
+)
 from ftjob_trainer.data import GlobalBatches, make_source
-from ftjob_trainer.engine import Engine, build_model, state_sha256
+from ftjob_trainer.engine import state_sha256
 from ftjob_trainer.preemption import (
     NO_DEFICIT,
     CoordinatorClient,
@@ -33,33 +40,11 @@ from ftjob_trainer.preemption import (
     write_termination_message,
 )
 from ftjob_trainer.progress import STEP_TIME_KEY, RunProgress
+from ftjob_trainer.startup import build_engine, init_distributed, resume_expected
 
 log = logging.getLogger("ftjob.train")
 REPORT_EVERY_MAX = 10  # the report is rewritten at least this often (issue 3)
 SAVE_MARGIN = 1.2  # a save is started only if 1.2 x its measured duration fits the time left
-
-
-def init_distributed() -> tuple[int, int, int, torch.device]:
-    cuda = torch.cuda.is_available()
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    # async DCP saves need a CPU backend next to NCCL
-    backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
-    started = time.monotonic()
-    if "RANK" in os.environ:  # under torchrun
-        dist.init_process_group(backend)
-    else:  # plain `python -m`: a world of one
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    events.set_rank(dist.get_rank())
-    events.emit(
-        contract.EVENT_PROCESS_GROUP_READY,
-        backend=backend,
-        world_size=dist.get_world_size(),
-        seconds=round(time.monotonic() - started, 4),
-    )
-    return dist.get_rank(), dist.get_world_size(), local_rank, device
 
 
 class Trainer:
@@ -67,31 +52,24 @@ class Trainer:
         self.cfg, self.signals = cfg, signals
         self.rank, self.world_size, self.local_rank, self.device = init_distributed()
         cfg.data.check_world_size(self.world_size)
-        started = time.monotonic()
-        model = build_model(cfg.model, self.device, cfg.data.seed)
-        params = sum(p.numel() for p in model.parameters())
-        self.source = make_source(cfg.data, model.vocab_size, getattr(model, "encode_text", None))
-        self.engine = Engine(
-            model,
-            device=self.device,
-            model_cfg=cfg.model,
-            opt_cfg=cfg.optimizer,
-            par_cfg=cfg.parallel,
-            total_steps=cfg.run.steps,
-        )
-        events.emit(
-            contract.EVENT_MODEL_BUILT,
-            model=cfg.model.model_factory or cfg.model.name,
-            params=params,
-            seconds=round(time.monotonic() - started, 4),
-        )
+        ck = cfg.checkpoint
+        if cfg.model.compile and ck.compile_cache:  # before anything compiles
+            compile_cache.use_checkpoint_volume(ck.checkpoint_dir)
+        # a checkpoint will overwrite every weight: build on the meta device, initialise nothing
+        self.engine = build_engine(cfg, self.device, on_meta=resume_expected(ck.checkpoint_dir))
+        model = self.engine.model
+        self.source = make_source(cfg.data, self.engine.vocab_size, getattr(model, "encode_text", None))
         self.ckpt = Checkpointer(
-            cfg.checkpoint.checkpoint_dir,
-            cfg.checkpoint.keep_last,
+            ck.checkpoint_dir,
+            ck.keep_last,
             self.engine,
             self.rank,
             self.world_size,
-            write_threads=cfg.checkpoint.write_threads,
+            write_threads=ck.write_threads,
+            read_threads=ck.read_threads,
+            memory_root=ck.memory_checkpoint_dir,
+            local_rank=self.local_rank,
+            local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         )
         self.client: CoordinatorClient | None = None
         url = cfg.preemption.coordinator_url
@@ -105,8 +83,10 @@ class Trainer:
             "world_size": self.world_size,
             "resumed_from_step": None,
             "preemption_saves": 0,
-            "last_checkpoint_step": None,
+            "last_checkpoint_step": None,  # durable (on the checkpoint volume)
             "last_checkpoint": None,
+            "memory_only_step": None,  # a newer save whose files are written, some only in a pod's memory tier
+            "resumed_tier": None,  # where the load read rank 0's files: memory, durable or mixed
             "first_step": None,
             "data_cursor": 0,
             "tokens_per_second": None,
@@ -139,17 +119,31 @@ class Trainer:
             STEP_TIME_KEY: self.progress.step_time,  # a resume reports when the step it resumed from was trained
         }
 
-    def on_commit(self, step: int, path: str, request_id: int | None) -> None:
-        self.report["last_checkpoint_step"], self.report["last_checkpoint"] = step, path
+    def on_commit(self, c: Commit) -> None:
+        """Only a durable commit is the job's lastCheckpoint: a memory-only one is lost with its pod."""
+        if c.tier != TIER_DURABLE:
+            self.report["memory_only_step"] = c.step
+            return
+        self.report["last_checkpoint_step"], self.report["last_checkpoint"] = c.step, c.path
+        if self.report["memory_only_step"] is not None and self.report["memory_only_step"] <= c.step:
+            self.report["memory_only_step"] = None
         if self.client:
-            fields = {"lastCheckpoint": {"step": step, "path": path, "time": now_rfc3339()}}
-            if request_id:
-                fields["handledRequestId"] = request_id
+            fields = {"lastCheckpoint": {"step": c.step, "path": c.path, "time": now_rfc3339()}}
+            if c.request_id:
+                fields["handledRequestId"] = c.request_id
             self.client.post_progress(**fields)
 
     def post_progress(self) -> None:
         if self.client:
             self.client.post_progress(**self.progress.document(self.report["loss"], self.world_size))
+
+    def take_commits(self) -> None:
+        for c in self.ckpt.take_commits():
+            self.on_commit(c)
+
+    def peer_signalled(self) -> bool:
+        """This rank's signal says a peer goes away and this pod stays (--peer-stop-signals)."""
+        return self.signals.received in self.cfg.preemption.peer_signal_names()
 
     def global_loss(self, loss: torch.Tensor) -> float:
         t = loss.detach().clone()
@@ -196,6 +190,9 @@ class Trainer:
         cfg = self.cfg
         loaded = self.ckpt.load_latest()
         if not loaded:
+            if self.engine.built_on_meta:  # only memory-committed saves were there, none readable: initialise
+                self.engine = build_engine(cfg, self.device, on_meta=False)
+                self.ckpt.use_engine(self.engine)
             events.emit(contract.EVENT_FRESH_START, checkpoint_dir=cfg.checkpoint.checkpoint_dir)
         step = loaded.step if loaded else 0
         self.step = step
@@ -209,11 +206,14 @@ class Trainer:
             base_cursor=meta.get("data_cursor", 0),
         )
         if loaded:
+            durable = self.ckpt.last_committed
             self.report.update(
                 resumed_from_step=step,
                 preemption_saves=meta.get("preemption_saves", 0),
-                last_checkpoint_step=step,
-                last_checkpoint=loaded.path,
+                last_checkpoint_step=durable[0] if durable else None,
+                last_checkpoint=durable[1] if durable else None,
+                memory_only_step=None if loaded.committed else step,
+                resumed_tier=loaded.stats.tier(),
             )
             if cfg.run.hash_on_load:
                 self.report["loaded_state_sha256"] = self.state_hash()
@@ -242,9 +242,8 @@ class Trainer:
                 if cfg.checkpoint.checkpoint_dir:
                     # after one step the optimizer state exists: size the pinned staging buffers in the background
                     self.ckpt.warm_up()
-            done = self.ckpt.poll()
-            if done:
-                self.on_commit(*done)
+            for c in self.ckpt.poll():
+                self.on_commit(c)
             if step % report_every == 0 or step == cfg.run.steps:
                 value = self.global_loss(loss)
                 rate = tokens_per_step * steps_timed / (time.perf_counter() - t0)
@@ -279,40 +278,37 @@ class Trainer:
                     reason=self.client.latest_reason if self.client else None,  # rank 0 polls the coordinator
                     step=step,
                 )
-                path = self.ckpt.save(
+                self.ckpt.save(
                     step,
                     self.meta(step, "request"),
                     asynchronous=cfg.checkpoint.async_checkpoint,
                     request_id=agreed.request_id,
                     kind=KIND_REQUEST,
                 )
-                if path:
-                    self.on_commit(step, path, agreed.request_id)
+                self.take_commits()
             elif (
                 cfg.checkpoint.checkpoint_every
                 and step % cfg.checkpoint.checkpoint_every == 0
                 and step < cfg.run.steps
             ):
-                path = self.ckpt.save(
+                self.ckpt.save(
                     step,
                     self.meta(step, "periodic"),
                     asynchronous=cfg.checkpoint.async_checkpoint,
                     kind=KIND_PERIODIC,
                 )
-                if path:
-                    self.on_commit(step, path, None)
+                self.take_commits()
         # the last step is done: a final checkpoint (a restarted finished job then has nothing left to do)
-        if cfg.checkpoint.checkpoint_dir:
-            done = self.ckpt.drain()
-            if done:
-                self.on_commit(*done)
-            self.on_commit(step, self.ckpt.save(step, self.meta(step, "final"), kind=KIND_FINAL), None)
+        if cfg.checkpoint.checkpoint_dir:  # durable on every rank before exit 0: nothing restarts to copy it
+            self.ckpt.drain()
+            self.ckpt.save(step, self.meta(step, "final"), kind=KIND_FINAL, durable_now=True)
+            self.take_commits()
         return self.terminate(step, contract.REASON_DONE, contract.EXIT_DONE, f"finished all {step} steps")
 
     def deficit(self) -> float:
         """Seconds by which this rank's save would miss its deadline (<= 0 fits); NO_DEFICIT if not signalled."""
-        if self.signals.at is None:
-            return NO_DEFICIT
+        if self.signals.at is None or (self.peer_signalled() and self.ckpt.memory_root):
+            return NO_DEFICIT  # not signalled, or only the memory tier to write
         estimate = self.ckpt.estimate_save_seconds()
         if estimate is None:
             return NO_DEFICIT  # never measured: try (the previous checkpoint stays intact if it is cut short)
@@ -322,7 +318,10 @@ class Trainer:
 
     def stop(self, step: int, deficit: float) -> int:
         self.post_progress()  # the step it stops at: the operator counts steps trained twice against it
-        reason = contract.REASON_PREEMPTED if self.signals.received else contract.REASON_PEER
+        # A preempted rank's files must be durable before it exits (its pod's memory goes with the node); a rank
+        # stopped with a peer only needs them written (the memory tier), and its restarted worker copies them.
+        preempted = self.signalled() and not self.peer_signalled()  # signalled(): its event, if not said yet
+        reason = contract.REASON_PREEMPTED if preempted else contract.REASON_PEER
         who = f"signal {self.signals.received}" if self.signals.received else "a peer's stop"
         events.emit(
             contract.EVENT_STOP_AGREED,
@@ -338,9 +337,8 @@ class Trainer:
                 f"stopped at step {step} on {who}; no --checkpoint-dir, nothing saved",
             )
         if deficit > 0:
-            done = self.ckpt.drain()  # an async save already writing may still land
-            if done:
-                self.on_commit(*done)
+            self.ckpt.drain()  # an async save already writing may still land
+            self.take_commits()
             msg = (
                 f"stopped at step {step} on {who}: a save (measured {self.ckpt.estimate_save_seconds():.1f}s) would "
                 f"miss the {self.cfg.checkpoint.save_deadline_seconds:.0f}s deadline by {deficit:.1f}s; kept the "
@@ -358,9 +356,14 @@ class Trainer:
             )
             return self.terminate(step, contract.REASON_DEADLINE, contract.EXIT_RESTART, msg)
         t = time.monotonic()
-        last = self.ckpt.last_committed
+        last = self.ckpt.last_saved
         if last and last[0] == step and self.ckpt.inflight is None:  # e.g. stopped right after resuming
-            msg = f"stopped at step {step} on {who}; this step is already committed as {last[1]}"
+            if preempted:  # what this pod holds only in memory must reach the durable tier first
+                left = self.cfg.checkpoint.save_deadline_seconds - (time.monotonic() - (self.signals.at or t))
+                self.ckpt.wait_own_files_durable(timeout=max(0.0, left))
+            self.take_commits()
+            said = "committed" if last == self.ckpt.last_committed else "saved (memory-committed)"
+            msg = f"stopped at step {step} on {who}; this step is already {said} as {last[1]}"
             events.emit(
                 contract.EVENT_CHECKPOINT_SKIPPED,
                 step=step,
@@ -370,8 +373,8 @@ class Trainer:
             )
             return self.terminate(step, reason, contract.EXIT_RESTART, msg)
         self.report["preemption_saves"] += 1
-        path = self.ckpt.save(step, self.meta(step, reason), asynchronous=False, kind=KIND_STOP)
-        self.on_commit(step, path, None)
+        path = self.ckpt.save(step, self.meta(step, reason), kind=KIND_STOP, durable_now=preempted)
+        self.take_commits()
         since = (
             f"{time.monotonic() - self.signals.at:.2f}s after the signal" if self.signals.at else "on request"
         )
@@ -414,7 +417,9 @@ def main(argv: list[str] | None = None) -> int:
         _report_error(None, None, contract.EXIT_CONFIG_ERROR, f"configuration error: {e}")
         _emit_exit(contract.EXIT_CONFIG_ERROR, contract.REASON_ERROR, f"configuration error: {e}", None)
         return contract.EXIT_CONFIG_ERROR
-    signals = StopSignals(cfg.preemption.signal_names())  # first: a signal during startup is not lost
+    signals = StopSignals(
+        cfg.preemption.signal_names() + cfg.preemption.peer_signal_names()
+    )  # first: a signal during startup is not lost
     log.info("config: %s", to_dict(cfg))
     trainer = None
     code = contract.EXIT_ERROR

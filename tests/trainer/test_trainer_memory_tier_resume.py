@@ -1,0 +1,161 @@
+"""The node-local memory tier under the real torchrun (2 ranks, gloo, one "pod": both share --memory-checkpoint-dir).
+
+- A survivor restart reads its own files from memory: one worker is signalled (SIGTERM: preempted, its files go
+  straight to the durable tier; SIGUSR2: a peer goes away, memory is enough), the other stops with it keeping its
+  files in memory only; torchrun restarts both; each rank's checkpoint_loaded event says which tier served it;
+  the memory-only save becomes durable after the restart; the run ends in the uninterrupted run's state.
+- Losing the memory tier (files deleted, corrupted, or a new pod's empty folder) falls back to the newest durable
+  checkpoint, and still ends in the uninterrupted run's state.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from ftjob_trainer import contract
+from trainer_testlib import TINY, Procs, events_of, finish, list_steps, log_of, read_json, wait_for
+
+pytestmark = pytest.mark.slow
+STEPS = 14
+EVERY = ["--checkpoint-every", "3", "--keep-last", "10"]
+
+
+def args(tmp: Path, name: str, memory: Path) -> list[str]:
+    return [
+        *TINY,
+        "--steps",
+        str(STEPS),
+        "--checkpoint-dir",
+        str(tmp / "ckpt"),
+        "--memory-checkpoint-dir",
+        str(memory),
+        *EVERY,
+        "--report",
+        str(tmp / f"{name}.json"),
+    ]
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    """STEPS steps uninterrupted, no checkpoints: the reference state."""
+    tmp = tmp_path_factory.mktemp("baseline")
+    procs = Procs(tmp)
+    try:
+        p = procs.torchrun([*TINY, "--steps", str(STEPS), "--report", str(tmp / "base.json")], name="base")
+        assert finish(p) == 0, log_of(p)[-3000:]
+        return read_json(tmp / "base.json")
+    finally:
+        procs.cleanup()
+
+
+def of(evs: list[dict], name: str, **fields) -> list[dict]:
+    return [e for e in evs if e["event"] == name and all(e.get(k) == v for k, v in fields.items())]
+
+
+def stop_one_worker(p, sig: int, after: int) -> int:
+    """Once a periodic save is durable and the run is past step `after`, signal rank 1's worker alone (its agent
+    is not told). Returns the pid signalled."""
+
+    def ready():
+        evs = events_of(p)
+        durable = of(evs, contract.EVENT_CHECKPOINT_COMMITTED, tier=contract.TIER_DURABLE)
+        steps = [e["step"] for e in of(evs, contract.EVENT_STEP)]
+        return durable and steps and max(steps) >= after
+
+    wait_for(ready, timeout=240, proc=p, what=f"a durable periodic save and step {after}")
+    (worker,) = of(events_of(p), contract.EVENT_PROCESS_STARTED, rank=1)
+    os.kill(worker["pid"], sig)
+    return worker["pid"]
+
+
+@pytest.mark.parametrize(
+    ("sig", "rank1_tier"),
+    [(signal.SIGTERM, contract.TIER_DURABLE), (signal.SIGUSR2, contract.TIER_MEMORY)],
+    ids=["peer-preempted", "peer-goes-away"],
+)
+def test_survivor_restart_reads_its_files_from_memory_then_makes_them_durable(
+    procs, tmp_path, baseline, sig, rank1_tier
+):
+    memory = tmp_path / "shm"
+    # as the operator runs workers: a restarted round must not reuse the previous round's store keys
+    env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    p = procs.torchrun(args(tmp_path, "run", memory), name="run", max_restarts=1, env=env)
+    signalled = stop_one_worker(p, sig, after=4)
+    assert finish(p, timeout=300) == 0, log_of(p)[-4000:]
+    evs = events_of(p)
+
+    # the first incarnation: both ranks stopped at one step; rank 0 (not signalled) kept its files in memory only
+    restart_at = min(e["time"] for e in of(evs, contract.EVENT_PROCESS_STARTED, restart_count=1))
+    before, after = [e for e in evs if e["time"] < restart_at], [e for e in evs if e["time"] >= restart_at]
+    assert of(before, contract.EVENT_STOP_SIGNAL)[0]["pid"] == signalled
+    (stop,) = of(before, contract.EVENT_STOP_AGREED, rank=0)
+    saved = stop["step"]
+    (memory_commit,) = of(before, contract.EVENT_CHECKPOINT_COMMITTED, step=saved)
+    assert memory_commit["tier"] == contract.TIER_MEMORY and memory_commit["kind"] == contract.KIND_STOP
+    exits = {e["rank"]: e for e in of(before, contract.EVENT_EXIT)}
+    assert exits[0]["reason"] == contract.REASON_PEER and exits[0]["code"] == contract.EXIT_RESTART
+    assert exits[1]["code"] == contract.EXIT_RESTART
+
+    # the restart: each rank read its shards from where they were (memory for a rank that was not preempted); the
+    # small values DCP stores once for all ranks (AdamW's step, ...) come from the durable tier, where every pod
+    # can read them
+    loaded = {e["rank"]: e for e in of(after, contract.EVENT_CHECKPOINT_LOADED)}
+    assert loaded[0]["step"] == loaded[1]["step"] == saved and not loaded[0]["committed"]
+    tiers = {0: contract.TIER_MEMORY, 1: rank1_tier}
+    for rank, ev in loaded.items():
+        by_tier = ev["bytes_by_tier"]
+        assert by_tier.get(tiers[rank], 0) > 0.9 * ev["read_bytes"], ev
+        assert ev["threads"] >= 1
+
+    # the memory-only save became durable after the restart: committed by the restarted rank 0
+    durable = of(after, contract.EVENT_CHECKPOINT_COMMITTED, step=saved, tier=contract.TIER_DURABLE)
+    assert len(durable) == 1 and saved in list_steps(tmp_path / "ckpt")
+    final = read_json(tmp_path / "run.json")
+    assert final["resumed_from_step"] == saved and final["first_step"] == saved + 1
+    assert final["resumed_tier"] in (contract.TIER_MEMORY, contract.TIER_MIXED)
+    assert final["last_checkpoint_step"] == STEPS
+    assert final["state_sha256"] == baseline["state_sha256"]
+
+
+def lose(memory: Path, how: str) -> None:
+    folders = list(memory.glob("step-*/rank-*"))
+    assert folders, "nothing in the memory tier to lose"
+    for folder in folders:
+        for f in folder.iterdir():
+            if how == "deleted":
+                f.unlink()
+            elif how == "corrupted" and f.suffix in (".distcp", ".pt"):
+                f.write_bytes(os.urandom(f.stat().st_size))  # same length: only reading it can tell
+
+
+@pytest.mark.parametrize("how", ["deleted", "corrupted", "another-pod"])
+def test_losing_the_memory_tier_falls_back_to_the_newest_durable_checkpoint(procs, tmp_path, baseline, how):
+    memory = tmp_path / "shm"
+    p = procs.torchrun(args(tmp_path, "first", memory), name="first")  # no restarts: the job "loses its pod"
+    stop_one_worker(p, signal.SIGTERM, after=4)
+    finish(p, timeout=300)
+    evs = events_of(p)
+    (stop,) = of(evs, contract.EVENT_STOP_AGREED, rank=0)
+    saved = stop["step"]
+    assert saved not in list_steps(tmp_path / "ckpt")  # memory-committed only
+    durable = max(list_steps(tmp_path / "ckpt"))
+    assert durable < saved
+
+    if how == "another-pod":
+        memory = tmp_path / "other-shm"
+    else:
+        lose(memory, how)
+    p = procs.torchrun(args(tmp_path, "second", memory), name="second")
+    assert finish(p, timeout=300) == 0, log_of(p)[-4000:]
+    evs = events_of(p)
+    rejected = of(evs, contract.EVENT_CHECKPOINT_REJECTED, step=saved)
+    assert rejected and not rejected[0]["committed"]
+    loaded = {e["rank"]: e for e in of(evs, contract.EVENT_CHECKPOINT_LOADED)}
+    assert {e["step"] for e in loaded.values()} == {durable}
+    assert {e["tier"] for e in loaded.values()} == {contract.TIER_DURABLE}
+    final = read_json(tmp_path / "second.json")
+    assert final["resumed_from_step"] == durable and final["state_sha256"] == baseline["state_sha256"]
+    assert not list((tmp_path / "ckpt").glob(f".tmp-step-{saved:09d}"))  # the unreadable save is gone
