@@ -115,11 +115,16 @@ EVENT_PROCESS_STARTED = "process_started"
 # restart_count (torchrun's TORCHELASTIC_RESTART_COUNT), local_rank, world_size, started_at (unix: when the OS
 # started this process), since_start_s (interpreter start and imports, up to this event)
 EVENT_PROCESS_GROUP_READY = "process_group_ready"  # backend, world_size, seconds (init_process_group)
-EVENT_MODEL_BUILT = "model_built"  # model, params (unsharded count), seconds (build + shard + optimizer)
+EVENT_MODEL_BUILT = "model_built"
+# model, params (unsharded count), seconds (build + shard + optimizer), initialised (false: built on the meta
+# device, a checkpoint fills it)
 EVENT_CHECKPOINT_LOADED = "checkpoint_loaded"
-# step, path, bytes (this rank's share of the state), seconds (the read), gbps (bytes / seconds / 1e9), total_s
-# (checks, read, set into the model, RNG, agreement), tier ("durable"), saved_world_size
-EVENT_CHECKPOINT_REJECTED = "checkpoint_rejected"  # step, path, error (set aside; the previous one is tried)
+# step, path, bytes (this rank's share of the state), seconds (the read), gbps (bytes / seconds / 1e9), read_bytes
+# (of the files), total_s (checks, read, set into the model, RNG, agreement), tier (TIER_*: where this rank's files
+# came from; "mixed": some from each), files_by_tier, bytes_by_tier ({tier: n}), threads (reading), committed
+# (false: a memory-committed save), saved_world_size
+EVENT_CHECKPOINT_REJECTED = "checkpoint_rejected"
+# step, path, error, committed (true: set aside; false: a memory-committed save this world cannot read, discarded)
 EVENT_FRESH_START = (
     "fresh_start"  # checkpoint_dir (null: none given): nothing committed, training starts at 0
 )
@@ -133,8 +138,10 @@ EVENT_CHECKPOINT_STAGED = (
     "checkpoint_staged"  # step, kind, seconds (since save_started: the copy to host memory)
 )
 EVENT_CHECKPOINT_COMMITTED = "checkpoint_committed"
-# rank 0 (its rename is the commit): step, path, bytes (the directory's files, all ranks), seconds (the save's own
-# time, from after any wait for a previous save), kind, tier ("durable"), request_id (or null)
+# rank 0 (its ftjob.json or rename is the commit): step, path, bytes (the directory's files, all ranks; null for
+# tier memory), seconds (the save's own time, from after any wait for a previous save), kind, request_id (or null),
+# tier: TIER_MEMORY (every rank's files written, some only in their pod's memory: .tmp-step-N) first, then
+# TIER_DURABLE (step-N committed on the volume); a save written straight to the volume has only the durable one
 EVENT_CHECKPOINT_SKIPPED = "checkpoint_skipped"
 # step, kind, reason: "deadline" (a stop save could not fit: estimate_s, deficit_s, kept), "already-committed"
 # (the stop step is committed already: kept), "failed" (an async save's write failed: error; not committed)
