@@ -345,6 +345,8 @@ async def apply(
         rt.written[key] = (written.get("metadata") or {}).get("resourceVersion", "")
     rt.metrics.record(namespace, name, plan.status)
     _observe_recovery(rt, key, old_status, plan, now)
+    for recovery in plan.recoveries:  # once each: the run that ends it is in the status just written
+        rt.metrics.observe_recovery_to_first_step(recovery.cause, recovery.seconds)
     for event in plan.of(planner.Event):
         kopf.event(job, type=event.type, reason=event.reason, message=event.message)
     for action in plan.actions:

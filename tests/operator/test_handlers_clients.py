@@ -266,6 +266,51 @@ def test_counters_come_from_job_status_and_phases_are_counted():
     assert not [k for k in _samples(m2) if k[0] == "ftjob_preemptions_total"]
 
 
+def test_progress_goodput_lost_time_and_checkpoint_age_come_from_job_status():
+    from ftjob_operator.metrics import SERIES, checkpoint_age
+    from ftjob_trainer.contract import parse_time
+
+    m = Metrics()
+    progress = {
+        "percent": 42.0,
+        "etaSeconds": 57,
+        "goodput": 0.6667,
+        "tokensPerSecond": 1234.5,
+        "lost": {"preemptions": {"seconds": 11.5, "steps": 0}, "failures": {"seconds": 18.0, "steps": 5}},
+    }
+    saved = "2026-01-01T11:59:00Z"
+    status = {
+        "phase": "Running",
+        "step": 42,
+        "progress": progress,
+        "lastCheckpoint": {"step": 40, "time": saved},
+    }
+    m.record("ns", "a", status)
+    m.record("ns", "fresh", {"phase": "Pending"})  # no progress yet: no gauges, no lost time
+    m.observe_recovery_to_first_step("preemption", 14.0)
+    s = _samples(m)
+    a = (("job", "a"), ("namespace", "ns"))
+    assert s[("ftjob_job_progress_ratio", a)] == 0.42 and s[("ftjob_job_eta_seconds", a)] == 57
+    assert s[("ftjob_job_goodput_ratio", a)] == 0.6667 and s[("ftjob_job_tokens_per_second", a)] == 1234.5
+    assert s[("ftjob_job_lost_seconds_total", (("cause", "preemption"), *a))] == 11.5
+    assert s[("ftjob_job_lost_steps_total", (("cause", "failure"), *a))] == 5
+    assert s[("ftjob_job_checkpoint_age_seconds", a)] >= 0  # aged at scrape time
+    assert checkpoint_age({"lastCheckpoint": {"time": saved}}, parse_time(saved).timestamp() + 90) == 90
+    assert s[("ftjob_recovery_seconds_count", (("cause", "preemption"),))] == 1
+    assert s[("ftjob_recovery_seconds_bucket", (("cause", "preemption"), ("le", "15.0")))] == 1
+    new = (
+        "ftjob_job_progress",
+        "ftjob_job_eta",
+        "ftjob_job_goodput",
+        "ftjob_job_tokens",
+        "ftjob_job_checkpoint",
+    )
+    assert not [k for k in s if ("job", "fresh") in k[1] and k[0].startswith((*new, "ftjob_job_lost"))]
+    # Every series SERIES documents is served (a histogram as its _count).
+    names = {name for name, _ in s} | {name.removesuffix("_count") for name, _ in s}
+    assert set(SERIES) <= names, set(SERIES) - names
+
+
 def test_a_stopped_daemon_leaves_nothing_of_its_job_in_the_runtime():
     from datetime import datetime, timezone
 

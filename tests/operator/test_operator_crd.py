@@ -69,16 +69,36 @@ def test_subresources_printer_columns_and_names():
             "labelSelectorPath": ".status.selector",
         },
     }
-    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
+    columns = version["additionalPrinterColumns"]
+    assert [c["name"] for c in columns if not c.get("priority")] == [
         "Phase",
         "Ready",
+        "Progress",
+        "ETA",
+        "Goodput",
+        "Preemptions",
+        "Failures",
+        "Checkpoint Age",
+        "Age",
+    ]
+    assert [c["name"] for c in columns if c.get("priority") == 1] == [
         "Desired",
         "Step",
         "Checkpoint",
-        "Preemptions",
-        "Failures",
-        "Age",
+        "Lost To Preemptions",
+        "Tokens/s",
     ]
+    # Ages are dates kubectl ages itself: the status is not rewritten every second for them.
+    assert {c["name"]: c["jsonPath"] for c in columns if c["type"] == "date"} == {
+        "Checkpoint Age": ".status.lastCheckpoint.time",
+        "Age": ".metadata.creationTimestamp",
+    }
+    # Every column of the status points at a field of the schema.
+    for c in (c for c in columns if c["jsonPath"].startswith(".status.")):
+        node = crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        for part in c["jsonPath"].split(".")[1:]:
+            node = node["properties"][part]
+        assert node["type"] in (c["type"], "string" if c["type"] == "date" else c["type"]), c
 
 
 def _walk(node: dict, path: str = ""):
@@ -89,9 +109,10 @@ def _walk(node: dict, path: str = ""):
         yield from _walk(node["items"], f"{path}[]")
 
 
-def test_every_field_has_a_description_starting_with_its_json_name():
+@pytest.mark.parametrize("part", ["spec", "status"])
+def test_every_field_has_a_description_starting_with_its_json_name(part):
     missing = []
-    for path, node in _walk(schema()["properties"]["spec"]):
+    for path, node in _walk(schema()["properties"][part]):
         if not path:
             continue
         name = path.rsplit(".", 1)[-1]
@@ -99,7 +120,7 @@ def test_every_field_has_a_description_starting_with_its_json_name():
             continue
         desc = node.get("description", "")
         if not desc.startswith(name):
-            missing.append(f"spec{path}: {desc[:40]!r}")
+            missing.append(f"{part}{path}: {desc[:40]!r}")
     assert not missing, missing
 
 

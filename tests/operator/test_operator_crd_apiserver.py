@@ -7,9 +7,11 @@ subresource accepting the planner's status, and the printer columns.
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from ftjob_trainer.contract import format_time_micro
 from support.apiserver import apiserver_with_crd
 from tj_builders import NOW, Store, converge
 
@@ -51,11 +53,21 @@ def test_status_subresource_accepts_the_planners_status_and_prints_columns(kube)
     kube("apply", "-f", str(ROOT / "examples" / "local-tiny.yaml"))
     tj = json.loads(kube("get", "tj", "local-tiny", "-o", "json").stdout)
     store = Store(tj)
+    converge(store, NOW)  # the pods start at NOW; a minute later, step 42
     store.progress = {
         "step": 42,
+        "stepTime": format_time_micro(NOW + timedelta(seconds=50)),
+        "worldSize": 2,
+        "totalSteps": 100,
+        "tokensPerSecond": 1234.5,
+        "run": {
+            "startedAt": format_time_micro(NOW + timedelta(seconds=5)),
+            "resumedFromStep": 0,
+            "firstStepTime": format_time_micro(NOW + timedelta(seconds=10)),
+        },
         "lastCheckpoint": {"step": 40, "time": "2026-01-01T11:59:00Z", "path": "/ck/40"},
     }
-    converge(store, NOW)
+    converge(store, NOW + timedelta(seconds=60))
     status = store.status
     assert status["phase"] == "Running"
     patch = json.dumps({"status": status})
@@ -63,8 +75,30 @@ def test_status_subresource_accepts_the_planners_status_and_prints_columns(kube)
     stored = json.loads(kube("get", "tj", "local-tiny", "-o", "json").stdout)["status"]
     assert stored == status  # nothing pruned: the schema knows every field the planner writes
     table = kube("get", "tj", "local-tiny").stdout.split("\n")
-    assert table[0].split()[:7] == ["NAME", "PHASE", "READY", "DESIRED", "STEP", "CHECKPOINT", "PREEMPTIONS"]
-    assert table[1].split()[:7] == ["local-tiny", "Running", "2", "2", "42", "40", "0"]
+    assert table[0].split()[:8] == [
+        "NAME",
+        "PHASE",
+        "READY",
+        "PROGRESS",
+        "ETA",
+        "GOODPUT",
+        "PREEMPTIONS",
+        "FAILURES",
+    ]
+    # 42 of 100 steps; 41 steps in the 40 s since the first: 58 more take 57 s; 40 kept of 60 elapsed seconds.
+    assert table[1].split()[:8] == ["local-tiny", "Running", "2", "42", "57", "0.6667", "0", "0"]
+    wide = kube("get", "tj", "local-tiny", "-o", "wide").stdout.split("\n")
+    assert wide[0].split()[-8:] == [
+        "AGE",
+        "DESIRED",
+        "STEP",
+        "CHECKPOINT",
+        "LOST",
+        "TO",
+        "PREEMPTIONS",
+        "TOKENS/S",
+    ]
+    assert wide[1].split()[-5:] == ["2", "42", "40", "0", "1234.5"]
     scale = json.loads(
         kube(
             "get", "--raw", "/apis/ftjob.dev/v1alpha1/namespaces/default/trainingjobs/local-tiny/scale"
