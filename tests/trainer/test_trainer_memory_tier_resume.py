@@ -55,15 +55,15 @@ def of(evs: list[dict], name: str, **fields) -> list[dict]:
     return [e for e in evs if e["event"] == name and all(e.get(k) == v for k, v in fields.items())]
 
 
-def stop_one_worker(p, sig: int, after: int) -> int:
-    """Once a periodic save is durable and the run is past step `after`, signal rank 1's worker alone (its agent
-    is not told). Returns the pid signalled."""
+def stop_one_worker(p, sig: int, after: int, durable_first: bool = True) -> int:
+    """Once the run is past step `after` (and a periodic save is durable, if durable_first), signal rank 1's
+    worker alone (its agent is not told). Returns the pid signalled."""
 
     def ready():
         evs = events_of(p)
         durable = of(evs, contract.EVENT_CHECKPOINT_COMMITTED, tier=contract.TIER_DURABLE)
         steps = [e["step"] for e in of(evs, contract.EVENT_STEP)]
-        return durable and steps and max(steps) >= after
+        return (durable or not durable_first) and steps and max(steps) >= after
 
     wait_for(ready, timeout=240, proc=p, what=f"a durable periodic save and step {after}")
     (worker,) = of(events_of(p), contract.EVENT_PROCESS_STARTED, rank=1)
@@ -135,7 +135,7 @@ def lose(memory: Path, how: str) -> None:
 def test_losing_the_memory_tier_falls_back_to_the_newest_durable_checkpoint(procs, tmp_path, baseline, how):
     memory = tmp_path / "shm"
     p = procs.torchrun(args(tmp_path, "first", memory), name="first")  # no restarts: the job "loses its pod"
-    stop_one_worker(p, signal.SIGTERM, after=4)
+    stop_one_worker(p, signal.SIGTERM, after=4, durable_first=True)
     finish(p, timeout=300)
     evs = events_of(p)
     (stop,) = of(evs, contract.EVENT_STOP_AGREED, rank=0)
@@ -159,3 +159,31 @@ def test_losing_the_memory_tier_falls_back_to_the_newest_durable_checkpoint(proc
     final = read_json(tmp_path / "second.json")
     assert final["resumed_from_step"] == durable and final["state_sha256"] == baseline["state_sha256"]
     assert not list((tmp_path / "ckpt").glob(f".tmp-step-{saved:09d}"))  # the unreadable save is gone
+
+
+def test_a_lost_memory_only_save_with_nothing_durable_yet_starts_fresh_from_the_seed(
+    procs, tmp_path, baseline
+):
+    """The model was built on the meta device for the memory-committed save; none loads, so it is built again,
+    initialised: the run is the uninterrupted one."""
+    memory = tmp_path / "shm"
+    first = [
+        *args(tmp_path, "first", memory),
+        "--checkpoint-every",
+        "0",
+    ]  # no periodic saves: nothing durable
+    p = procs.torchrun(first, name="first")
+    stop_one_worker(p, signal.SIGTERM, after=2, durable_first=False)
+    finish(p, timeout=300)
+    assert not list_steps(tmp_path / "ckpt") and list((tmp_path / "ckpt").glob(".tmp-step-*"))
+    lose(memory, "deleted")
+    p = procs.torchrun(args(tmp_path, "second", memory), name="second")
+    assert finish(p, timeout=300) == 0, log_of(p)[-4000:]
+    evs = events_of(p)
+    assert {e["initialised"] for e in of(evs, contract.EVENT_MODEL_BUILT)} == {
+        False,
+        True,
+    }  # meta, then rebuilt
+    assert len(of(evs, contract.EVENT_FRESH_START)) == 2
+    final = read_json(tmp_path / "second.json")
+    assert final["resumed_from_step"] is None and final["state_sha256"] == baseline["state_sha256"]

@@ -203,7 +203,9 @@ class Checkpointer:
             self.drain()  # an async save of this very step is in flight: finishing it is enough
             self._barrier()
         if self.last_saved and self.last_saved[0] == step:  # this exact state is saved already
-            if durable_now:
+            if kind == KIND_FINAL:  # the job ends here: its last save must be committed, not only copied
+                self._settle_copy(supersede=False)
+            elif durable_now:
                 self.wait_own_files_durable()
             return self.last_saved[1]
         self.drain()
