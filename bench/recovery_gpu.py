@@ -95,7 +95,14 @@ class Bench:
 
     # --- processes ---------------------------------------------------------------------------------------------
     def torchrun(
-        self, phase: str, name: str, ckpt: Path, *, restarts: int = 0, compile: bool = False
+        self,
+        phase: str,
+        name: str,
+        ckpt: Path,
+        *,
+        restarts: int = 0,
+        compile: bool = False,
+        memory: Path | None = None,
     ) -> Launch:
         a = self.args
         out = Path(a.out) / phase
@@ -120,6 +127,8 @@ class Bench:
             "--save-deadline-seconds=600",  # the stop save is what is measured: never skip it
             f"--termination-log={out / (name + '.termination.log')}",
             *(["--compile"] if compile else []),
+            *([f"--memory-checkpoint-dir={memory}"] if memory else []),
+            *a.trainer_flag,
         ]
         env = dict(os.environ)
         trainer_dir = str(Path(contract.__file__).resolve().parents[1])  # the trainer this bench imports
@@ -181,10 +190,18 @@ class Bench:
             "the first step after the resume",
         )
 
+    def memory(self, phase: str, node: str) -> Path | None:
+        """The node-local memory tier of one simulated node (--memory-tier), emptied first."""
+        if not self.args.memory_tier:
+            return None
+        path = Path(self.args.memory_tier) / phase / node
+        shutil.rmtree(path, ignore_errors=True)
+        return path
+
     # --- the phases ---------------------------------------------------------------------------------------------
     def replacement(self, phase: str, deadline: float, *, compile: bool = False) -> dict:
         ckpt = Path(self.args.workdir) / phase / "ckpt"
-        old = self.torchrun(phase, "preempted", ckpt, compile=compile)
+        old = self.torchrun(phase, "preempted", ckpt, compile=compile, memory=self.memory(phase, "preempted"))
         self.signal_point(old, deadline)
         sent = time.time()
         old.proc.send_signal(signal.SIGTERM)  # torchrun forwards it to its workers
@@ -197,7 +214,10 @@ class Bench:
             else recovery_limits.drop_page_cache(recovery_limits.checkpoint_files(ckpt))
         )
         drop_s = time.perf_counter() - t
-        new = self.torchrun(phase, "replacement", ckpt, compile=compile)
+        # a new node: its own, empty memory folder (the preempted node's went with it)
+        new = self.torchrun(
+            phase, "replacement", ckpt, compile=compile, memory=self.memory(phase, "replacement")
+        )
         self.first_step_after(new, None, deadline)
         new.stop()
         result = self.breakdown(old.events + new.events, sent)
@@ -215,7 +235,7 @@ class Bench:
 
     def survivor(self, phase: str, deadline: float) -> dict:
         ckpt = Path(self.args.workdir) / phase / "ckpt"
-        run = self.torchrun(phase, "survivor", ckpt, restarts=3)
+        run = self.torchrun(phase, "survivor", ckpt, restarts=3, memory=self.memory(phase, "survivor"))
         self.signal_point(run, deadline)
         worker = of(run.events, contract.EVENT_PROCESS_STARTED, rank=0)[0]["pid"]
         sent = time.time()
@@ -321,6 +341,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--read-threads", type=int, default=8, help="threads of the parallel read probes (default 8)"
     )
+    p.add_argument(
+        "--memory-tier",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="node-local memory tier root (e.g. /dev/shm/ftjob-bench): one folder per simulated node",
+    )
+    p.add_argument(
+        "--trainer-flag",
+        action="append",
+        default=[],
+        metavar="FLAG=VALUE",
+        help="extra trainer flag; repeatable",
+    )
     p.add_argument("--warm-cache", action="store_true", help="replacements: keep the page cache (no drop)")
     p.add_argument("--workdir", type=Path, default=None, help="checkpoints and probes (default: a temp dir)")
     a = p.parse_args(argv)
@@ -374,10 +408,16 @@ def main(argv: list[str] | None = None) -> int:
                 "seq_len",
                 "checkpoint_every",
                 "signal_after",
+                "trainer_flag",
                 "probe_mb",
             )
         }
-        | {"read_threads": a.read_threads, "budgets_s": a.budgets, "workdir": str(a.workdir)},
+        | {
+            "read_threads": a.read_threads,
+            "budgets_s": a.budgets,
+            "workdir": str(a.workdir),
+            "memory_tier": a.memory_tier and str(a.memory_tier),
+        },
         "phases": {},
     }
     phases = {
