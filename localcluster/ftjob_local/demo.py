@@ -28,7 +28,7 @@ from pathlib import Path
 import yaml
 
 from .cluster import ClusterError, LocalCluster
-from .demo_render import plot, print_timeline, progress_table
+from .demo_render import plot, print_goodput, print_timeline, progress_table
 from .session import CRD_DIR, REPO, Session, SessionError, event_time
 from .timeline import Analysis, Resume, analyze, breakdown_rows, read_job_events
 
@@ -260,6 +260,7 @@ def run_demo(args, cluster: LocalCluster, console) -> int:
     if (cluster.dir / "logs").is_dir():
         shutil.copytree(cluster.dir / "logs", args.out / "logs", dirs_exist_ok=True)
     console.print(f"wrote {png}, {args.out / 'demo.json'} and the pod logs under {args.out / 'logs'}")
+    print_goodput(console, result)
     if status.get("phase") != "Succeeded":
         cond = next((c for c in status.get("conditions") or [] if c.get("type") == "Failed"), {})
         raise DemoError(
@@ -372,6 +373,8 @@ def summarize(session: Session, obs: Observations, status: dict, a: Analysis, re
     add(a.done_at, f"done (step {a.final_step})")
     rows.sort()
     report_doc = read_json(report)
+    progress = status.get("progress") or {}
+    lost = progress.get("lost") or {}
     return {
         "job": obs.job_name,
         "phase": status.get("phase"),
@@ -381,6 +384,14 @@ def summarize(session: Session, obs: Observations, status: dict, a: Analysis, re
         "lost_steps": a.lost_steps,
         "trained_twice": a.trained_twice,
         "skipped": a.skipped,
+        # The operator's figures (status.progress), and the lost time read from the trainer's events to compare.
+        "goodput": progress.get("goodput"),
+        "elapsed_s": progress.get("elapsedSeconds"),
+        "kept_s": progress.get("keptSeconds"),
+        "lost_preemptions_s": (lost.get("preemptions") or {}).get("seconds"),
+        "lost_preemptions_steps": (lost.get("preemptions") or {}).get("steps"),
+        "lost_failures_s": (lost.get("failures") or {}).get("seconds"),
+        "lost_s_events": round(a.lost_seconds, 3),
         "state_sha256": (report_doc or {}).get("state_sha256"),
         "notice_at": round(obs.notice_at - t0, 3) if obs.notice_at else None,
         "preempted_node": obs.preempted_node,
@@ -395,9 +406,10 @@ def resume_json(r: Resume, t0: float) -> dict:
     """A resume with its times in seconds after t0 and each pod's breakdown (moment, after the signal, + since the
     moment before)."""
     doc = asdict(r)
-    for k in ("t_started", "t_loaded", "t_first_step", "t_stop", "t_signal", "t_commit"):
+    for k in ("t_started", "t_loaded", "t_first_step", "t_stop", "t_signal", "t_commit", "t_kept_step"):
         if doc[k] is not None:
             doc[k] = round(doc[k] - t0, 3)
+    doc["lost_s"] = None if r.lost_s is None else round(r.lost_s, 3)
     for pod, rec in zip(doc["pods"], r.pods, strict=True):
         pod["moments"] = {m: None if t is None else round(t - t0, 3) for m, t in rec.moments.items()}
         pod["breakdown"] = [

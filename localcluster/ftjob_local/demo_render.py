@@ -28,6 +28,12 @@ def progress_table(job_name: str, sample, steps: int, status: dict, elapsed: flo
     t.add_row("failures", str(sample.failures))
     ck = status.get("lastCheckpoint") or {}
     t.add_row("last checkpoint", f"step {ck['step']}" if ck.get("step") is not None else "-")
+    progress = status.get("progress") or {}
+    if progress.get("etaSeconds") is not None:
+        t.add_row("ETA", f"{progress['etaSeconds']}s at {progress.get('stepsPerSecond') or 0:.1f} steps/s")
+    if progress.get("goodput") is not None:
+        lost = ((progress.get("lost") or {}).get("preemptions") or {}).get("seconds") or 0
+        t.add_row("goodput", f"{progress['goodput']:.2f} ({lost:.1f}s lost to preemptions)")
     t.add_row("elapsed", f"{elapsed:.0f}s")
     if preempted:
         t.add_row("preempted", preempted)
@@ -55,6 +61,29 @@ def print_timeline(console, result: dict) -> None:
             console.print(
                 f"SIGTERM -> first step after resume: {r['t_first_step'] - r['t_signal']:.1f}s{save}"
             )
+
+
+def goodput_lines(result: dict) -> list[str]:
+    """The demo's last words: goodput and what the preemption cost, as the operator reports them (status.progress),
+    with the trainer's own clock beside them."""
+    if result.get("goodput") is None:
+        return ["goodput: the operator reported no figures (status.progress is empty)"]
+    lines = [
+        f"goodput {result['goodput']:.2f}: {result['kept_s']:.1f}s of the {result['elapsed_s']:.1f}s the job ran "
+        "trained steps that were kept (status.progress)"
+    ]
+    lines.append(
+        f"lost to preemptions: {result['lost_preemptions_s']:.1f}s and {result['lost_preemptions_steps']} step(s) "
+        f"trained twice; to failures: {result['lost_failures_s']:.1f}s "
+        f"(the trainer's events: {result['lost_s_events']:.1f}s from the last kept step to the first step after "
+        "each resume)"
+    )
+    return lines
+
+
+def print_goodput(console, result: dict) -> None:
+    for line in goodput_lines(result):
+        console.print(line, soft_wrap=True)  # one line each, however narrow the terminal
 
 
 def _cell(since: float | None, step: float | None) -> str:
@@ -91,7 +120,7 @@ def print_breakdown(console, resume: dict) -> None:
 
 
 def plot(result: dict, path: Path) -> None:
-    """Step vs time, with the preemption notice and every resume marked."""
+    """Step vs time, with the preemption notice, every resume and the time it lost marked, and the goodput."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display needed
@@ -111,14 +140,39 @@ def plot(result: dict, path: Path) -> None:
     if result["notice_at"] is not None:
         ax.axvline(result["notice_at"], color="tab:red", linestyle="--", label="preemption notice")
     for i, r in enumerate(result["resumes"]):
+        if r.get("t_kept_step") is not None and r["t_first_step"] is not None:
+            label = (
+                f"lost: last kept step -> first step after resume ({r['lost_s']:.1f}s)" if i == 0 else None
+            )
+            ax.axvspan(r["t_kept_step"], r["t_first_step"], color="tab:red", alpha=0.12, label=label)
         if r["t_signal"] is not None:
             ax.axvline(r["t_signal"], color="tab:orange", linestyle=":", label="SIGTERM" if i == 0 else None)
         ax.axvline(r["t_loaded"], color="tab:green", alpha=0.7, label="checkpoint loaded" if i == 0 else None)
     ax.set_xlabel("seconds after kubectl apply")
     ax.set_ylabel("training step")
-    ax.set_title(
-        f"TrainingJob {result['job']}: {result['preemptions']} preemption(s), lost steps {result['lost_steps']}"
+    goodput = result.get("goodput")
+    cost = (
+        f"goodput {goodput:.2f}, {result['lost_preemptions_s']:.1f}s lost to preemptions"
+        if goodput is not None
+        else "no goodput reported"
     )
+    ax.set_title(
+        f"TrainingJob {result['job']}: {result['preemptions']} preemption(s), {cost}, "
+        f"lost steps {result['lost_steps']}",
+        fontsize=10,
+    )
+    if goodput is not None:
+        ax.text(
+            0.99,
+            0.03,
+            f"goodput {goodput:.2f}\nkept {result['kept_s']:.1f}s of {result['elapsed_s']:.1f}s\n"
+            f"lost to preemptions {result['lost_preemptions_s']:.1f}s",
+            transform=ax.transAxes,
+            ha="right",
+            va="bottom",
+            fontsize=8,
+            bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.8},
+        )
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()

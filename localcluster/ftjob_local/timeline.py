@@ -162,9 +162,18 @@ class Resume:
     t_signal: float | None = None  # the first stop signal a process of the stopped round received
     t_commit: float | None = None  # the stop checkpoint was durable
     save_seconds: float | None = None  # signal -> committed
+    t_kept_step: float | None = None  # rank 0 trained the loaded step (its last step event before the resume)
 
     def pod(self, role: str) -> PodRecovery | None:
         return next((p for p in self.pods if p.role == role), None)
+
+    @property
+    def lost_s(self) -> float | None:
+        """Training time this resume lost: from the last kept step to the first step after it (as the operator's
+        status.progress.lost counts it, here from the trainer's own clock)."""
+        if self.t_first_step is None or self.t_kept_step is None:
+            return None
+        return self.t_first_step - self.t_kept_step
 
 
 def _latest(values: Iterable[float | None]) -> float | None:
@@ -279,6 +288,11 @@ class Analysis:
     def lost_steps(self) -> int:
         return self.trained_twice + self.skipped
 
+    @property
+    def lost_seconds(self) -> float:
+        """The resumes' lost time (Resume.lost_s), where the events say."""
+        return sum(r.lost_s for r in self.resumes if r.lost_s is not None)
+
 
 def analyze(events: list[Event]) -> Analysis:
     """Steps, resumes and lost steps (exact only when the trainer reports every step: --log-every 1)."""
@@ -289,6 +303,8 @@ def analyze(events: list[Event]) -> Analysis:
     final = max(counts, default=0)
     rs = rounds(processes(events))
     resumes = [r for i, new in enumerate(rs) if (r := resume_of(new, rs[i - 1] if i else None))]
+    for r in resumes:  # when the loaded step was trained: its last report before this resume started
+        r.t_kept_step = max((t for t, s in steps if s == r.from_step and t < r.t_started), default=None)
     done = of(rank0, contract.EVENT_EXIT, code=contract.EXIT_DONE)
     return Analysis(
         steps=steps,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 
 from ftjob_local.demo import main, resume_json
-from ftjob_local.demo_render import print_timeline
+from ftjob_local.demo_render import goodput_lines, plot, print_goodput, print_timeline
 from ftjob_local.timeline import MOMENTS, analyze, breakdown_rows, pod_events
 from ftjob_trainer import contract
 from rich.console import Console
@@ -104,6 +104,8 @@ def test_notice_preemption_loses_nothing_and_breaks_down_per_pod():
     assert (r.t_signal, r.t_commit, r.t_stop) == (T0 + 10.0, T0 + 10.45, T0 + 10.7)
     assert abs(r.save_seconds - 0.45) < 1e-6 and r.t_first_step > r.t_loaded > r.t_started
     assert r.world_size_pods == 2
+    # Lost: from step 12's report (+9.5) to the first step after the resume (+16.5).
+    assert (r.t_kept_step, r.lost_s, a.lost_seconds) == (T0 + 9.5, 7.0, 7.0)
     survivor, replacement = r.pod("survivor"), r.pod("replacement")
     assert (survivor.pod, survivor.replaces, replacement.pod, replacement.replaces) == (
         "w-0",
@@ -146,6 +148,53 @@ def test_demo_prints_the_breakdown_and_the_signal_to_first_step_line():
     assert "SIGTERM -> first step after resume: 6.5s (save 0.45s)" in text, text
 
 
+def _result() -> dict:
+    a = analyze(notice_preemption())
+    return {
+        "job": "local-tiny",
+        "timeline": [(1.0, "first training step")],
+        "phase": "Succeeded",
+        "final_step": a.final_step,
+        "preemptions": 1,
+        "failures": 0,
+        "lost_steps": 0,
+        "trained_twice": 0,
+        "skipped": 0,
+        "notice_at": 9.0,
+        "resumes": [resume_json(r, T0) for r in a.resumes],
+        "steps": [(round(t - T0, 3), s) for t, s in a.steps],
+        "commits": [(round(t - T0, 3), s) for t, s in a.commits],
+        "goodput": 0.6123,
+        "elapsed_s": 21.0,
+        "kept_s": 12.858,
+        "lost_preemptions_s": 7.0,
+        "lost_preemptions_steps": 0,
+        "lost_failures_s": 0,
+        "lost_s_events": round(a.lost_seconds, 3),
+    }
+
+
+def test_the_demo_ends_with_goodput_and_what_the_preemption_cost_and_plots_them(tmp_path):
+    result = _result()
+    assert (result["resumes"][0]["t_kept_step"], result["resumes"][0]["lost_s"]) == (9.5, 7.0)
+    out = io.StringIO()
+    print_goodput(Console(file=out, width=200), result)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("goodput 0.61: 12.9s of the 21.0s the job ran trained steps that were kept"), (
+        lines
+    )
+    assert lines[1].startswith("lost to preemptions: 7.0s and 0 step(s) trained twice; to failures: 0.0s"), (
+        lines
+    )
+    assert "the trainer's events: 7.0s" in lines[1]
+    assert goodput_lines({"goodput": None}) == [
+        "goodput: the operator reported no figures (status.progress is empty)"
+    ]
+    png = tmp_path / "demo.png"
+    plot(result, png)
+    assert png.read_bytes().startswith(b"\x89PNG") and png.stat().st_size > 10_000
+
+
 def test_hard_kill_counts_steps_trained_twice():
     a0 = Proc("w-0", 10, 0).start(0).steps(1, 14, 4.0)
     a0.ev(
@@ -170,6 +219,8 @@ def test_hard_kill_counts_steps_trained_twice():
         None,
     )
     assert rec.total() is None and rec.moments["first_step"] == T0 + 35.0
+    # Lost: from the loaded step 10 (+8.5), through the steps trained again, to the first step after (+35).
+    assert (r.t_kept_step, r.lost_s) == (T0 + 8.5, 26.5)
 
 
 def test_a_pod_is_as_ready_as_its_slowest_process():

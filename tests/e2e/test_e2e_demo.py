@@ -46,15 +46,25 @@ def test_ftjob_demo_recovers_from_a_preemption_and_plots_it(tmp_path):
         "lost steps 0",
         "recovery to step",  # the breakdown table
         "SIGTERM -> first step after resume: ",
+        "goodput 0.",
+        "lost to preemptions: ",
         "local cluster stopped",
     ):
         assert text in proc.stdout, proc.stdout[-4000:]
+    # It ends with the goodput and what the preemption cost (the cluster's teardown line after them).
+    last = [line for line in proc.stdout.splitlines() if line.strip()][-3:]
+    assert last[0].startswith("goodput 0.") and last[1].startswith("lost to preemptions: "), last
     png = (out / "demo.png").read_bytes()
     assert png.startswith(PNG_MAGIC) and len(png) > 10_000
     result = json.loads((out / "demo.json").read_text())
     assert result["phase"] == "Succeeded"
     assert result["preemptions"] >= 1 and result["failures"] == 0
     assert result["final_step"] == 100 and result["lost_steps"] == 0
+    # What the operator reports: goodput in (0, 1), seconds lost to the preemption, none to failures; the trainer's
+    # events agree on the lost time within the operator's view of it (it sees steps when it polls).
+    assert 0 < result["goodput"] < 1 and result["lost_preemptions_s"] > 0 and result["lost_failures_s"] == 0
+    assert result["lost_preemptions_steps"] == 0 and result["lost_s_events"] > 0
+    assert abs(result["lost_preemptions_s"] - result["lost_s_events"]) <= 2, result
     assert result["resumes"] and result["notice_at"] is not None
     assert any("replacement worker" in what for _, what in result["timeline"]), result["timeline"]
     # The breakdown of the recovery, from the trainer's events: the survivor restarted in its pod, the replacement

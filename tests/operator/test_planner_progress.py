@@ -155,10 +155,35 @@ SURVIVOR_THEN_FULL = (
     + [End(121)]
 )
 
+# The same notice, but the operator last saw step 31 (+40): steps 32..40 were kept all the same.
+NOTICE_LAST_STEPS_UNSEEN = (
+    steady(2, 10, range(1, 32))
+    + [Notice(45), Count(50, "preemption")]
+    + steady(52, 60, range(41, 101), resumed_from=40, resumed_at=49)
+    + [End(120)]
+)
+# The operator last saw step 31 (+40); a run it never saw trained 41..45 and stopped at 45 (+59); the next resumes
+# from 45 and finishes step 46 at +65. Of the 25 s in between, the 14 steps took 14 s (kept); 11 s were lost.
+UNSEEN_RUN = (
+    steady(2, 10, range(1, 32))
+    + [Count(50, "preemption")]
+    + steady(62, 65, range(46, 101), resumed_from=45, resumed_at=59)
+    + [End(121)]
+)
+
 SCENARIOS = {
     # name: (passes, kept, elapsed, lost preemptions, lost failures, recoveries)
     "uninterrupted": (UNINTERRUPTED, 99, 110, (0, 0), (0, 0), []),
     "preemption with notice": (WITH_NOTICE, 39 + 59, 120, (11, 0), (0, 0), [("preemption", 15)]),
+    "notice, last steps unseen": (
+        NOTICE_LAST_STEPS_UNSEEN,
+        30 + 9 + 59,
+        120,
+        (11, 0),
+        (0, 0),
+        [("preemption", 15)],
+    ),
+    "a run nobody saw": (UNSEEN_RUN, 30 + 14 + 54, 121, (11, 0), (0, 0), [("preemption", 15)]),
     "hard preemption": (HARD, 34 - 5 + 69, 127, (18, 5), (0, 0), [("preemption", 10)]),
     "failure": (FAILURE, 34 - 5 + 69, 127, (0, 0), (18, 5), [("failure", 10)]),
     "resume without a cause": (UNCHARGED, 34 - 5 + 69, 127, (0, 0), (0, 0), []),

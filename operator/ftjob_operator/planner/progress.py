@@ -8,9 +8,12 @@ change, so each resume is a new run. For every run the operator accounts its tra
 - a new run after an earlier one is a resume. The previous run's work after the step the resume loaded is thrown
   away: its time leaves keptSeconds and its steps count as trained twice. The resume's lost time runs from the last
   kept step (the loaded one, or the previous run's first step if that is later: the gap before it was counted then)
-  to the resume's first step. It is charged to the open interruption (`status.operator.interruption`, set when a
-  preemption or failure is counted) until the job trains at its full size again in a pass that ends normally;
-  resumes without one (scale-up, suspend, an edited template) lower goodput under no cause.
+  to the resume's first step. Steps between the previous run's newest one seen and the loaded one were kept (at most
+  the time they take at the recent rate: the rest was a restart of a run too short to be seen, and is lost). Every
+  second from the last step seen to the resume's first step is thus kept or lost. The lost time is charged to the
+  open interruption (`status.operator.interruption`, set when a preemption or failure is counted) until the job
+  trains at its full size again in a pass that ends normally; resumes without one (scale-up, suspend, an edited
+  template) lower goodput under no cause.
 - goodput = keptSeconds / elapsedSeconds, elapsed from status.startTime, less the time suspended.
 
 Restart-safe: the accumulators and the run last accounted for live in the status, so a pass that sees nothing new
@@ -118,22 +121,38 @@ def _resume(
     resumed_step_time: datetime | None,
     first: datetime,
 ) -> None:
-    """A new run after `prev`: prev's work after the loaded step is thrown away; the gap is lost to the open
+    """A new run after `prev`, the run last seen. Every second from prev's newest step seen to the new run's first
+    step is kept or lost: the steps up to the loaded one were kept (trained by prev after it was last seen, or by a
+    run too short to be seen), prev's work after the loaded step is thrown away, the rest is lost to the open
     interruption's cause. Its first resume is a recovery (the metrics' histogram)."""
     prev_first, prev_time = contract.parse_time(prev.first_step_time), contract.parse_time(prev.step_time)
-    thrown_steps = max(0, prev.step - max(resumed_from, prev.resumed_from_step))
-    kept_at = resumed_step_time
-    if kept_at is None:  # an older checkpoint that does not say: rewind prev's newest step at the recent rate
-        rate = progress.steps_per_second
-        kept_at = prev_time - timedelta(seconds=thrown_steps / rate if rate else 0.0)
-    kept_at = max(kept_at, prev_first)  # before prev's first step: its own resume counted that gap already
-    thrown = max(0.0, (prev_time - kept_at).total_seconds())
-    progress.kept_seconds = max(0.0, progress.kept_seconds - thrown)
+    rate = progress.steps_per_second
+    thrown_steps = 0
+    if resumed_from >= prev.step:
+        kept_at = resumed_step_time or prev_time
+        gained = max(0.0, (kept_at - prev_time).total_seconds())
+        if rate:  # at most the time those steps take at the recent rate: the rest was a restart nobody saw
+            gained = min(gained, (resumed_from - prev.step) / rate)
+        progress.kept_seconds += gained
+        lost_seconds = max(0.0, (first - prev_time).total_seconds() - gained)
+    else:
+        thrown_steps = prev.step - max(resumed_from, prev.resumed_from_step)
+        kept_at = resumed_step_time
+        if (
+            kept_at is None
+        ):  # an older checkpoint that does not say: rewind prev's newest step at the recent rate
+            kept_at = prev_time - timedelta(seconds=thrown_steps / rate if rate else 0.0)
+        kept_at = max(
+            kept_at, prev_first
+        )  # before prev's first step: its own resume counted that gap already
+        thrown = max(0.0, (prev_time - kept_at).total_seconds())
+        progress.kept_seconds = max(0.0, progress.kept_seconds - thrown)
+        lost_seconds = max(0.0, (first - kept_at).total_seconds())
     interruption = ctx.st.operator.interruption
     if interruption is None:
         return  # a scale-up, a suspension, an edited template: goodput counts it, no cause does
     lost = progress.lost.preemptions if interruption.cause == PREEMPTION else progress.lost.failures
-    lost.seconds = round(lost.seconds + max(0.0, (first - kept_at).total_seconds()), 3)
+    lost.seconds = round(lost.seconds + lost_seconds, 3)
     lost.steps += thrown_steps
     if not interruption.resumed:
         since = contract.parse_time(interruption.since)
