@@ -6,6 +6,9 @@
   the memory-only save becomes durable after the restart; the run ends in the uninterrupted run's state.
 - Losing the memory tier (files deleted, corrupted, or a new pod's empty folder) falls back to the newest durable
   checkpoint, and still ends in the uninterrupted run's state.
+- Two pods (two agents, one memory folder each, the coordinator's store): the preempted pod's rank writes durably,
+  the survivor keeps its files in its own memory, restarts alone, reads its peer's files from the durable tier and
+  its own from memory (resharding 2 -> 1), and makes the save durable.
 """
 
 from __future__ import annotations
@@ -16,7 +19,18 @@ from pathlib import Path
 
 import pytest
 from ftjob_trainer import contract
-from trainer_testlib import TINY, Procs, events_of, finish, list_steps, log_of, read_json, wait_for
+from trainer_testlib import (
+    TINY,
+    Procs,
+    events_of,
+    finish,
+    list_steps,
+    log_of,
+    read_json,
+    report_step,
+    start_coordinator,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 STEPS = 14
@@ -187,3 +201,59 @@ def test_a_lost_memory_only_save_with_nothing_durable_yet_starts_fresh_from_the_
     assert len(of(evs, contract.EVENT_FRESH_START)) == 2
     final = read_json(tmp_path / "second.json")
     assert final["resumed_from_step"] is None and final["state_sha256"] == baseline["state_sha256"]
+
+
+def test_two_pods_a_replacement_that_takes_the_survivors_rank_loads_the_stop_step_not_an_older_one(
+    procs, tmp_path, baseline
+):
+    """a and b (one agent and one memory folder each, the coordinator's store, --nnodes=2:2); a is preempted: its
+    rank writes durably, b keeps its files in its memory. A replacement c joins; torchrun orders ranks by (address,
+    agent pid), so b (lower pid) becomes rank 0 and c takes b's old rank, whose files are only in b's memory. b
+    copies them to the durable tier before the load: both resume from the stop step, and end in the uninterrupted
+    run's state."""
+    _, ports = start_coordinator(procs, "t0ken")
+    rdzv = [
+        "--nnodes=2:2",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{ports['storePort']}",
+        "--rdzv-id=job-memory",
+        "--rdzv-conf=is_host=0,last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=2,join_timeout=120",
+        "--monitor-interval=0.2",
+    ]
+
+    def agent(name: str):
+        env = {
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+            "FTJOB_TERMINATION_LOG": str(tmp_path / f"{name}.term"),
+        }
+        argv = args(tmp_path, name, tmp_path / f"shm-{name}")  # one memory folder per pod
+        return procs.torchrun(argv, name=name, nproc=1, env=env, rdzv=rdzv, max_restarts=3)
+
+    agents = {"a": agent("a"), "b": agent("b")}
+
+    def rank_of(name: str) -> int | None:
+        started = of(events_of(agents[name]), contract.EVENT_PROCESS_GROUP_READY)
+        return started[0]["rank"] if started else None
+
+    wait_for(lambda: rank_of("a") is not None and rank_of("b") is not None, timeout=180, what="both ranks")
+    assert (rank_of("a"), rank_of("b")) == (0, 1)  # a's agent started first: the lower pid sorts first
+    wait_for(
+        lambda: any(report_step(tmp_path / f"{n}.json") >= 5 for n in agents), timeout=180, what="step 5"
+    )
+    os.kill(agents["a"].pid, signal.SIGTERM)  # the agent: it forwards SIGTERM to its worker, as in a pod
+    assert finish(agents["a"]) != 0
+    agents["c"] = agent("c")  # the replacement pod
+    assert finish(agents["b"], timeout=300) == 0, log_of(agents["b"])[-4000:]
+    assert finish(agents["c"], timeout=300) == 0, log_of(agents["c"])[-4000:]
+    saved = of(events_of(agents["a"]), contract.EVENT_STOP_AGREED)[0]["step"]
+    b, c = events_of(agents["b"]), events_of(agents["c"])
+    assert of(b, contract.EVENT_EXIT)[0]["reason"] == contract.REASON_PEER
+    restarted = of(b, contract.EVENT_PROCESS_STARTED, restart_count=1)[0]["pid"]
+    (b_loaded,) = [e for e in of(b, contract.EVENT_CHECKPOINT_LOADED) if e["pid"] == restarted]
+    (c_loaded,) = of(c, contract.EVENT_CHECKPOINT_LOADED)
+    assert (b_loaded["rank"], c_loaded["rank"]) == (0, 1)  # b's rank moved
+    assert b_loaded["step"] == c_loaded["step"] == saved and not c_loaded["committed"]
+    assert not of(b + c, contract.EVENT_CHECKPOINT_REJECTED)  # made durable first, not discarded
+    assert saved in list_steps(tmp_path / "ckpt")
+    final = read_json(tmp_path / "b.json")
+    assert final["resumed_from_step"] == saved and final["state_sha256"] == baseline["state_sha256"]

@@ -129,7 +129,10 @@ class Checkpointer:
                 self.pg,
                 rank,
                 read_threads=read_threads,
+                write_threads=write_threads,
                 retention=self.retention,
+                local_rank=local_rank,
+                local_world_size=self.local_world_size,
             )
 
     def use_engine(self, engine: Any) -> None:

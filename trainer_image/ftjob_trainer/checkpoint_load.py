@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import set_state_dict
@@ -30,6 +31,7 @@ from ftjob_trainer.checkpoint_layout import (
     Retention,
     list_committed,
     list_memory_committed,
+    needed_files,
     set_aside,
     validate,
     validate_memory_committed,
@@ -73,10 +75,14 @@ class Loader:
         rank: int,
         *,
         read_threads: int,
+        write_threads: int = 8,
         retention: Retention,
+        local_rank: int = 0,
+        local_world_size: int = 1,
     ):
         self.root, self.memory_root, self.engine, self.pg, self.rank = root, memory_root, engine, pg, rank
-        self.read_threads, self.retention = read_threads, retention
+        self.read_threads, self.write_threads, self.retention = read_threads, write_threads, retention
+        self.local_rank, self.local_world_size = local_rank, max(1, local_world_size)
 
     def load_latest(self) -> Loaded | None:
         """Collective. The newest candidate this world can read, loaded into the engine; None: nothing to load."""
@@ -99,6 +105,8 @@ class Loader:
                 )
                 for use_memory in attempts:
                     loaded, error = self._attempt(step, path, meta, committed, held if use_memory else [])
+                    if not loaded and not committed and self._make_durable_first(path, meta, held):
+                        loaded, error = self._attempt(step, path, meta, committed, held)  # now from durable
                     if loaded:
                         loaded.held = held
                         self._emit_loaded(loaded, started)
@@ -132,6 +140,32 @@ class Loader:
                 "refusing to start fresh over them. Inspect or move them away to start over."
             )
         return None
+
+    def _make_durable_first(self, path: str, meta: dict, held: list[memory_tier.RankFolder]) -> bool:
+        """Collective. A memory-committed save some rank cannot read whole may still be whole in this world: its
+        files in the memory of pods that are here (a survivor whose rank moved: torchrun orders ranks by address,
+        and a replacement may sort first). Then every pod copies what it holds to the durable folder now, and the
+        save loads from there: no step is lost, and the copy costs what a durable stop save would have cost."""
+        sizes = memory_tier.durable_sizes(memory_tier.durable_markers(path, meta["save_id"]))
+        have = set(sizes) | set(memory_tier.memory_files(held))
+        everyone: list = [have]
+        if self.pg is not None:
+            everyone = [None] * dist.get_world_size(self.pg)
+            dist.all_gather_object(everyone, have, group=self.pg)
+        needed = needed_files(path, int(meta.get("world_size") or 1))
+        if not set(needed) <= set().union(*everyone):
+            return False  # some file is only in a pod that is gone
+        mine = [rf for rf in held if rf.rank % self.local_world_size == self.local_rank]
+        log.info("copying the memory-committed save %s to the durable tier before loading it", path)
+        error = None
+        try:
+            copy = memory_tier.DurableCopy(
+                path, meta["save_id"], meta["step"], mine, threads=self.write_threads
+            )
+            copy.result()
+        except Exception as e:  # noqa: BLE001 - agreed below: the save is then discarded
+            error = e
+        return not any_rank(self.pg, error is not None)[0]
 
     def _attempt(
         self, step: int, path: str, meta: dict, committed: bool, held: list[memory_tier.RankFolder]
