@@ -49,6 +49,25 @@ def test_example_applies_with_defaults_scale_and_cel(kube):
     assert refused.returncode != 0 and "spec.workers.min must be <= spec.workers.max" in refused.stderr
 
 
+def test_kubectl_explain_defines_progress_and_goodput(kube):
+    """`kubectl explain` reads the CRD's descriptions (the API models'): what users read about status.progress."""
+    progress = kube("explain", "trainingjob.status.progress").stdout
+    for field in (
+        "etaSeconds",
+        "goodput",
+        "keptSeconds",
+        "elapsedSeconds",
+        "lost",
+        "percent",
+        "tokensPerSecond",
+    ):
+        assert field in progress, progress
+    goodput = kube("explain", "trainingjob.status.progress.goodput").stdout
+    assert "keptSeconds / elapsedSeconds" in " ".join(goodput.split()), goodput
+    lost = kube("explain", "trainingjob.status.progress.lost.preemptions.seconds").stdout
+    assert "from the last kept step" in " ".join(lost.split()), lost
+
+
 def test_status_subresource_accepts_the_planners_status_and_prints_columns(kube):
     kube("apply", "-f", str(ROOT / "examples" / "local-tiny.yaml"))
     tj = json.loads(kube("get", "tj", "local-tiny", "-o", "json").stdout)

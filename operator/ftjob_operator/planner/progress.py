@@ -105,9 +105,12 @@ def _account_run(ctx: Context, progress: api.ProgressStatus, report: dict[str, A
         if seconds > 0 and step > resumed_from + 1:
             progress.steps_per_second = round((step - resumed_from - 1) / seconds, 4)
         prev = api.TrainerRunStatus(
-            started_at=started, resumed_from_step=resumed_from, first_step_time=run["firstStepTime"], step=step,
+            started_at=started,
+            resumed_from_step=resumed_from,
+            first_step_time=run["firstStepTime"],
+            step=step,
             step_time=report["stepTime"],
-        )  # fmt: skip
+        )
     book.run = prev.model_copy(update={"step": step, "step_time": report["stepTime"]})
     progress.kept_seconds = round(progress.kept_seconds, 3)
     return True
