@@ -116,6 +116,8 @@ def test_suspend_checkpoints_waits_then_deletes_pods_and_resume_continues():
     assert store.status["phase"] == "Running" and len(store.names("worker")) == 2
     assert condition(store.status, "Suspended")["reason"] == cond.REASON_RESUMED
     assert store.status["lastCheckpoint"]["step"] == 40
+    # Suspended from +7 (the pods were deleted) to +20: not elapsed time (status.progress.goodput).
+    assert store.status["operator"]["suspendedSeconds"] == 13
 
 
 def test_suspend_gives_up_waiting_after_the_timeout():

@@ -274,6 +274,13 @@ def test_the_end_gives_the_final_figures_even_without_a_new_step():
     )
 
 
+def test_resuming_from_a_suspension_ends_an_open_interruption_and_counts_the_time_suspended():
+    r = run([Count(50, "preemption")])
+    ctx = Context(running_observed(job(status=r.status)), NOW + timedelta(seconds=200))
+    progress.note_resumed_from_suspension(ctx, NOW + timedelta(seconds=80))
+    assert ctx.st.operator.interruption is None and ctx.st.operator.suspended_seconds == 120
+
+
 def test_time_suspended_is_not_elapsed():
     r = run(steady(2, 10, range(1, 22)))  # elapsed 31 at step 21
     st = dict(r.status, operator=dict(r.status["operator"], suspendedSeconds=100.0))

@@ -59,8 +59,11 @@ def note_interruption(ctx: Context, cause: str) -> None:
 
 
 def note_resumed_from_suspension(ctx: Context, suspended_at: datetime | None) -> None:
+    """The time suspended is not elapsed time; the restart that follows is the suspension's, not an earlier
+    interruption's (its gap holds the time suspended)."""
     if suspended_at is not None:
         ctx.st.operator.suspended_seconds += max(0.0, (ctx.now - suspended_at).total_seconds())
+    ctx.st.operator.interruption = None
 
 
 # --- the accounting, at the end of every pass ------------------------------------------------------------------
