@@ -359,8 +359,11 @@ def trainer_env(spec: api.TrainingJobSpec) -> list[dict[str, Any]]:
     return [{"name": flag_env(k), "value": str(v)} for k, v in values.items() if v is not None]
 
 
-def checkpoint_volume(spec: api.TrainingJobSpec) -> dict[str, Any]:
-    v = spec.checkpoint.volume
+def checkpoint_volume(spec: api.TrainingJobSpec) -> dict[str, Any] | None:
+    """The checkpoint volume of the worker pods; None when checkpoints go to an object store (spec.checkpoint.uri)."""
+    v = spec.checkpoint.storage_volume
+    if v is None:
+        return None
     if v.persistent_volume_claim is not None:
         return {
             "name": CHECKPOINT_VOLUME,
@@ -380,14 +383,15 @@ def shm_volume(spec: api.TrainingJobSpec) -> dict[str, Any]:
 
 
 def memory_tier_env(spec: api.TrainingJobSpec) -> list[dict[str, Any]]:
-    if not spec.checkpoint.memory_tier.enabled:
+    if not spec.checkpoint.memory_tier.enabled or spec.checkpoint.uri is not None:  # the tier fronts a volume
         return []
     return [{"name": ENV_MEMORY_CHECKPOINT_DIR, "value": MEMORY_CHECKPOINT_DIR}]
 
 
 def checkpoint_dir(ref: JobRef, spec: api.TrainingJobSpec) -> str:
-    """Where this job's checkpoints go: jobs that share a claim (or a hostPath) never see each other's."""
-    return f"{spec.checkpoint.mount_path.rstrip('/')}/{ref.namespace}/{ref.name}"
+    """Where this job's checkpoints go: jobs that share a claim, a hostPath or a bucket never see each other's."""
+    base = spec.checkpoint.uri or spec.checkpoint.mount_path
+    return f"{base.rstrip('/')}/{ref.namespace}/{ref.name}"
 
 
 def render_worker_pod(
@@ -416,8 +420,9 @@ def render_worker_pod(
         *trainer_env(spec),
         *[dict(e) for e in spec.pod_template.env or []],
     ]
+    ckpt_volume = checkpoint_volume(spec)
     mounts = [
-        {"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.mount_path},
+        *([{"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.mount_path}] if ckpt_volume else []),
         # gloo, dataloaders and the checkpoints' memory tier use shared memory
         {"name": SHM_VOLUME, "mountPath": SHM_PATH},
         *[dict(m) for m in spec.pod_template.volume_mounts or []],
@@ -434,6 +439,9 @@ def render_worker_pod(
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": _container_security(spec),
     }
+    if spec.checkpoint.credentials_secret:
+        # the object store's credentials (and endpoint), under the names the cloud SDKs read
+        container["envFrom"] = [{"secretRef": {"name": spec.checkpoint.credentials_secret}}]
     if spec.resources:
         container["resources"] = dict(spec.resources)
     pod_spec = _pod_common(spec)
@@ -441,7 +449,7 @@ def render_worker_pod(
     pod_spec["terminationGracePeriodSeconds"] = t.grace_period_seconds
     pod_spec["containers"] = [container]
     pod_spec["volumes"] = [
-        checkpoint_volume(spec),
+        *([ckpt_volume] if ckpt_volume else []),
         shm_volume(spec),
         *[dict(v) for v in spec.pod_template.volumes or []],
     ]

@@ -128,7 +128,12 @@ def test_defaults_are_in_the_schema():
     spec = schema()["properties"]["spec"]["properties"]
     assert spec["workers"]["default"] == {} and spec["workers"]["properties"]["min"]["default"] == 1
     assert spec["preemption"]["properties"]["gracePeriodSeconds"]["default"] == 30
-    assert spec["checkpoint"]["properties"]["volume"]["default"] == {"emptyDir": {}}
+    # no schema default for volume (it would collide with uri): unset, and no uri, the operator mounts an emptyDir
+    assert "default" not in spec["checkpoint"]["properties"]["volume"]
+    from ftjob_operator import api
+
+    assert api.parse_spec({}).checkpoint.storage_volume.empty_dir is not None
+    assert api.parse_spec({"checkpoint": {"uri": "s3://b/p"}}).checkpoint.storage_volume is None
     assert "maxPreemptions" not in spec["preemption"].get("required", [])
     assert "default" not in spec["preemption"]["properties"]["maxPreemptions"]  # unset = unlimited
     # spec.image may be unset (the operator's default trainer image): nothing in spec is required.
@@ -179,6 +184,14 @@ def test_cel_rules_accept_a_valid_job():
             "exactly one of persistentVolumeClaim",
         ),
         (lambda j: j["spec"]["checkpoint"].update(volume={}), "exactly one of persistentVolumeClaim"),
+        (
+            lambda j: j["spec"]["checkpoint"].update(volume={"emptyDir": {}}, uri="s3://b/p"),
+            "set volume or uri, not both",
+        ),
+        (
+            lambda j: j["spec"]["checkpoint"].update(credentialsSecret="s3-creds"),
+            "credentialsSecret goes with spec.checkpoint.uri",
+        ),
         (lambda j: j["spec"]["failurePolicy"].update(backoffBaseSeconds=90), "backoffBaseSeconds must be <="),
         (
             lambda j: j["spec"].update(podTemplate={"labels": {"ftjob.dev/role": "x"}}),
@@ -205,6 +218,8 @@ def test_cel_rules_reject_what_their_message_says(mutate, message):
         ({"imagePullPolicy": "Sometimes"}, False),
         ({"preemption": {"gracePeriodSeconds": 5}}, False),
         ({"checkpoint": {"volume": {"hostPath": {"path": "relative"}}}}, False),
+        ({"checkpoint": {"uri": "s3://bucket/prefix", "credentialsSecret": "s3-creds"}}, True),
+        ({"checkpoint": {"uri": "bucket/prefix"}}, False),  # a URL with a scheme
         ({"failurePolicy": {"jitter": 1.5}}, False),
         ({"trainer": {"learningRate": 0}}, False),
         ({"resources": {"limits": {"cpu": 2, "memory": "1Gi"}}}, True),

@@ -298,3 +298,30 @@ def test_memory_tier_on_the_shm_volume_by_default_sized_when_asked_and_off_when_
     assert render.ENV_MEMORY_CHECKPOINT_DIR not in env_of(off)
     with pytest.raises(ValueError):
         spec(checkpoint={"memoryTier": {"sizeLimit": "lots"}})
+
+
+def object_store_worker(checkpoint: dict) -> dict:
+    """A worker of a job whose spec.checkpoint is exactly `checkpoint` (the builder's volume left out)."""
+    s = job()["spec"]
+    s["checkpoint"] = checkpoint
+    return render.render_worker_pod(REF, api.parse_spec(s), index=0, generation=0, coordinator_ip="10.96.0.7")
+
+
+def test_object_store_checkpoints_mount_nothing_and_bring_the_credentials_secret():
+    pod = object_store_worker({"uri": "s3://bucket/runs/", "credentialsSecret": "s3-creds", "keepLast": 3})
+    c = pod["spec"]["containers"][0]
+    env = env_of(pod)
+    assert env["FTJOB_CHECKPOINT_DIR"] == "s3://bucket/runs/ns/tj" and env["FTJOB_KEEP_LAST"] == "3"
+    assert c["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
+    assert "ftjob-checkpoints" not in {v["name"] for v in pod["spec"]["volumes"]}
+    assert "ftjob-checkpoints" not in {m["name"] for m in c["volumeMounts"]}
+    assert render.ENV_MEMORY_CHECKPOINT_DIR not in env, "the memory tier fronts a volume"
+    kubernetes_validate.validate(pod, "1.32", strict=True)
+    # no secret: the pod's cloud identity or podTemplate.env; a volume job keeps its volume and no envFrom
+    assert "envFrom" not in object_store_worker({"uri": "gs://b/p"})["spec"]["containers"][0]
+    plain = worker()
+    assert "envFrom" not in plain["spec"]["containers"][0]
+    assert "ftjob-checkpoints" in {v["name"] for v in plain["spec"]["volumes"]}
+    for bad in ({"uri": "s3://b/p", "volume": {"emptyDir": {}}}, {"credentialsSecret": "s3-creds"}):
+        with pytest.raises(ValueError):
+            object_store_worker(bad)

@@ -43,6 +43,8 @@ def test_spec_field_names():
     assert _fields(api.WorkersSpec) == ["min", "max", "replicas"]
     assert _fields(api.CheckpointSpec) == [
         "volume",
+        "uri",
+        "credentialsSecret",
         "mountPath",
         "everySteps",
         "keepLast",

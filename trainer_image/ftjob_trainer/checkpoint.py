@@ -30,15 +30,9 @@ from ftjob_trainer.checkpoint_copy import Commit, DurableCopies
 from ftjob_trainer.checkpoint_layout import (
     FORMAT,
     Retention,
-    commit,
     committed_name,
-    dir_bytes,
     fsync_file,
-    list_committed,
-    list_memory_committed,
-    remove_leftovers,
     rng_file,
-    tmp_path,
     write_meta,
 )
 from ftjob_trainer.checkpoint_load import Loaded, Loader, NothingLoadable  # noqa: F401 - re-exported
@@ -48,6 +42,7 @@ from ftjob_trainer.checkpoint_state import (  # noqa: F401 - the guard, re-expor
     params_on_device,
     state_of,
 )
+from ftjob_trainer.checkpoint_store import open_store, torch_bytes
 from ftjob_trainer.contract import (
     KIND_FINAL,
     KIND_PERIODIC,
@@ -107,7 +102,8 @@ class Checkpointer:
         self.last_saved: tuple[int, str] | None = None  # newest save whose files are all written (any tier)
         self.save_seconds: float | None = None  # measured: last save from start to its durable commit
         self.save_phases: dict = {}
-        self.retention = Retention(root, keep_last) if root else None
+        self.store = open_store(root) if root else None  # a folder, or an object store URL (no memory tier)
+        self.retention = Retention(self.store, keep_last) if root else None
         self.copies = DurableCopies(root, rank, self.retention, write_threads) if root else None
         self.state_bytes = 0
         self.stager = None
@@ -117,13 +113,12 @@ class Checkpointer:
         self.pg = dist.new_group(backend="gloo") if dist.is_initialized() else None
         if root:
             if rank == 0:
-                os.makedirs(root, exist_ok=True)
-                remove_leftovers(root)
+                self.store.start()
             self._barrier()
-            done = list_committed(root)
+            done = self.store.list_committed()
             self.last_committed = done[0] if done else None
             self.loader = Loader(
-                root,
+                self.store,
                 self.memory_root,
                 engine,
                 self.pg,
@@ -216,10 +211,9 @@ class Checkpointer:
         # the durable tier never falls more than one save behind
         self._settle_copy(supersede=kind in (KIND_STOP, KIND_FINAL))
         started = time.monotonic()
-        tmp = tmp_path(self.root, step)
+        tmp = self.store.save_path(step)
         if self.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            os.makedirs(tmp)
+            self.store.prepare(tmp)
         direct = durable_now or not self.memory_root
         save_id, all_direct = self._agree_save(direct)  # also the barrier after rank 0 made the folder
         write_dir = tmp
@@ -230,9 +224,10 @@ class Checkpointer:
         rng = {"cpu": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state()
-        torch.save(rng, rng_file(write_dir, self.rank))
         if direct:
-            fsync_file(rng_file(write_dir, self.rank))
+            self.store.write_bytes(rng_file(write_dir, self.rank), torch_bytes(rng))
+        else:  # memory needs no fsync
+            torch.save(rng, rng_file(write_dir, self.rank))
         meta = dict(
             meta,
             format=FORMAT,
@@ -245,12 +240,16 @@ class Checkpointer:
         # Several writer threads, each with its own file: one stream (DCP's default) left the disk half idle and
         # serialized the device-to-host copies with the writes (bench: 26 s for 11.4 GB on a 1.55 GB/s disk).
         # Memory needs no fsync: it is not durable anyway, and the durable copy fsyncs.
-        writer = RecordingWriter(
-            write_dir,
-            sync_files=direct,
-            thread_count=self.write_threads,
-            # values every rank may need go to the durable folder at once (another pod cannot read this memory)
-            side_dir=None if direct or self.world_size == 1 else tmp,
+        writer = (
+            RecordingWriter(
+                write_dir,
+                sync_files=direct,
+                thread_count=self.write_threads,
+                # values every rank may need go to the durable folder at once (another pod cannot read this memory)
+                side_dir=None if direct or self.world_size == 1 else tmp,
+            )
+            if self.store.tiered
+            else self.store.writer(tmp, self.write_threads)
         )
         with params_on_device(self.engine):
             state = self._state()
@@ -377,7 +376,7 @@ class Checkpointer:
                 self.memory_root = None
                 shutil.rmtree(f.write_dir, ignore_errors=True)
             if self.rank == 0:
-                shutil.rmtree(f.tmp, ignore_errors=True)
+                self.store.discard(f.tmp)
             return None
 
     def _finish(self, *, synchronous: bool) -> tuple[int, str, int | None]:
@@ -390,11 +389,12 @@ class Checkpointer:
         if f.upload is not None:
             f.upload.result()  # raises if any rank failed: nothing gets committed
         f.marks["written"] = time.monotonic() - f.started
-        files = dict(f.writer.files)
-        files[os.path.basename(rng_file(f.write_dir, self.rank))] = os.path.getsize(
-            rng_file(f.write_dir, self.rank)
-        )
+        files: dict[str, int] = {}
         if not f.all_direct:  # say where this rank's files are: complete in the durable folder, or in memory
+            files = dict(f.writer.files)
+            files[os.path.basename(rng_file(f.write_dir, self.rank))] = os.path.getsize(
+                rng_file(f.write_dir, self.rank)
+            )
             durable_files = files if f.direct else f.writer.side_files
             if durable_files:
                 marker = os.path.join(f.tmp, memory_tier.durable_marker(self.rank))
@@ -412,7 +412,7 @@ class Checkpointer:
                 shutil.copyfile(os.path.join(f.write_dir, ".metadata"), os.path.join(f.tmp, ".metadata"))
                 fsync_file(os.path.join(f.tmp, ".metadata"))
             if f.all_direct:
-                commit(f.tmp, final, dict(f.meta, time=now_rfc3339(), save_seconds=elapsed))
+                self.store.commit(f.tmp, f.step, dict(f.meta, time=now_rfc3339(), save_seconds=elapsed))
             else:
                 write_meta(f.tmp, dict(f.meta, time=now_rfc3339(), memory_seconds=elapsed))
             f.marks["committed"] = time.monotonic() - f.started
@@ -421,7 +421,7 @@ class Checkpointer:
                 contract.EVENT_CHECKPOINT_COMMITTED,
                 step=f.step,
                 path=path,
-                bytes=dir_bytes(path) if f.all_direct else None,  # in memory: spread over the pods
+                bytes=self.store.nbytes(path) if f.all_direct else None,  # in memory: spread over the pods
                 seconds=round(f.marks["committed"], 4),
                 kind=f.kind,
                 tier=tier,
@@ -475,7 +475,7 @@ class Checkpointer:
         if not self.root:
             return None
         loaded = self.loader.load_latest()
-        done = list_committed(self.root)
+        done = self.store.list_committed()
         self.last_committed = done[0] if done else None
         keep = set()
         if loaded:
@@ -486,7 +486,7 @@ class Checkpointer:
                 mine = [rf for rf in loaded.held if rf.rank % self.local_world_size == self.local_rank]
                 self.copies.start(loaded.step, loaded.path, loaded.meta, mine, started=None)
         if self.rank == 0:  # memory-committed saves this one supersedes
-            for _, path in list_memory_committed(self.root):
+            for _, path in self.store.list_memory_committed():
                 if not loaded or path != loaded.path:
                     self.retention.discard(path)
         self._prune_memory(keep)

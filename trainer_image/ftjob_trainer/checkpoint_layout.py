@@ -12,6 +12,7 @@ Under --checkpoint-dir:
   failed-step-000000110-<t>/ a committed checkpoint that failed to load, set aside as evidence (never deleted)
 A save writes into the tmp directory (DCP fsyncs every file and writes .metadata last), then rank 0 writes
 ftjob.json, fsyncs, and renames the directory: the rename is the commit. "Latest" is the newest committed step.
+Object stores (no rename) commit with a marker instead: checkpoint_store.py.
 """
 
 from __future__ import annotations
@@ -108,26 +109,29 @@ def validate(path: str) -> dict[str, Any]:
         meta = json.load(open(os.path.join(path, META_FILE)))
     except (OSError, ValueError) as e:
         raise CorruptCheckpoint(f"{path}: {META_FILE} unreadable ({e})") from e
+    sizes = {e.name: e.stat().st_size for e in os.scandir(path) if e.is_file()}
+    return check_contents(path, meta, FileSystemReader(path), sizes)
+
+
+def check_contents(path: str, meta: dict[str, Any], reader: Any, sizes: dict[str, int]) -> dict[str, Any]:
+    """The checks shared by every store: the format, the DCP .metadata (read by `reader`), each shard it names
+    long enough in `sizes` (file name -> bytes), every rank's RNG state present. Returns meta."""
     if meta.get("format") != FORMAT:
         raise CorruptCheckpoint(f"{path}: format {meta.get('format')!r}, this trainer reads format {FORMAT}")
     try:
-        md = FileSystemReader(path).read_metadata()
+        md = reader.read_metadata()
     except Exception as e:  # noqa: BLE001 - any failure to parse means unusable
         raise CorruptCheckpoint(f"{path}: DCP .metadata unreadable ({type(e).__name__}: {e})") from e
     need: dict[str, int] = {}
     for info in (md.storage_data or {}).values():
         need[info.relative_path] = max(need.get(info.relative_path, 0), info.offset + info.length)
     for rel, length in need.items():
-        f = os.path.join(path, rel)
-        if not os.path.isfile(f):
+        if rel not in sizes:
             raise CorruptCheckpoint(f"{path}: shard {rel} is missing")
-        if os.path.getsize(f) < length:
-            raise CorruptCheckpoint(
-                f"{path}: shard {rel} is truncated ({os.path.getsize(f)} < {length} bytes)"
-            )
+        if sizes[rel] < length:
+            raise CorruptCheckpoint(f"{path}: shard {rel} is truncated ({sizes[rel]} < {length} bytes)")
     for r in range(int(meta.get("world_size") or 1)):  # each rank's RNG state, read after the load
-        f = rng_file(path, r)
-        if not os.path.isfile(f) or os.path.getsize(f) == 0:
+        if not sizes.get(os.path.basename(rng_file(path, r))):
             raise CorruptCheckpoint(f"{path}: rng-rank{r}.pt is missing or empty")
     return meta
 
@@ -213,37 +217,44 @@ def dir_bytes(path: str) -> int:
 
 
 class Retention:
-    """Retention off the save's critical path: a rename takes a victim out of the committed set at once, a
-    background thread deletes it (deleting 11 GB took 3.6 s of a 11 s preemption save on the H200 machine).
-    A deletion cut short by an exit leaves a .trash- directory that the next start removes."""
+    """Retention off the save's critical path: the store takes a victim out of the committed set at once (a rename
+    on a folder, the marker's deletion on an object store: checkpoint_store.py), a background thread deletes the
+    rest (deleting 11 GB took 3.6 s of a 11 s preemption save on the H200 machine). A deletion cut short by an exit
+    is finished by the next start."""
 
-    def __init__(self, root: str, keep_last: int):
-        self.root, self.keep_last = root, keep_last
+    def __init__(self, store: Any, keep_last: int):
+        self.store, self.keep_last = store, keep_last
         self._deleters: list[threading.Thread] = []
 
     def apply(self) -> None:
-        for victim in retention_victims(list_committed(self.root), self.keep_last):
+        for victim in retention_victims(self.store.list_committed(), self.keep_last):
             log.info("retention: deleting %s (keeping the newest %d committed)", victim, self.keep_last)
-            trash = os.path.join(self.root, TRASH_PREFIX + os.path.basename(victim).removeprefix("step-"))
-            os.rename(victim, trash)
-            self._delete(trash)
+            self._delete(self.store.drop(victim))
         self._deleters = [t for t in self._deleters if t.is_alive()]
 
     def discard(self, path: str) -> None:
         """A memory-committed save that no longer counts (superseded, or unreadable by this world): out of the
         listing at once (renamed to .trash-), deleted in the background."""
-        trash = os.path.join(self.root, TRASH_PREFIX + os.path.basename(path).removeprefix(TMP_PREFIX))
+        trash = os.path.join(self.store.root, TRASH_PREFIX + os.path.basename(path).removeprefix(TMP_PREFIX))
         try:
             os.rename(path, trash)
         except OSError:
             return  # already gone
-        self._delete(trash)
+        self._delete(lambda: shutil.rmtree(trash, ignore_errors=True))
 
-    def _delete(self, trash: str) -> None:
-        t = threading.Thread(target=shutil.rmtree, args=(trash,), kwargs={"ignore_errors": True}, daemon=True)
+    def _delete(self, delete) -> None:
+        t = threading.Thread(target=_quietly, args=(delete,), daemon=True)
         t.start()
         self._deleters.append(t)
 
     def wait(self, timeout: float | None = None) -> None:
         for t in self._deleters:
             t.join(timeout)
+
+
+def _quietly(delete) -> None:
+    """A background deletion that fails is logged, not raised: the next start removes what is left."""
+    try:
+        delete()
+    except Exception as e:  # noqa: BLE001
+        log.warning("retention: background deletion failed (%s: %s)", type(e).__name__, e)

@@ -14,6 +14,7 @@ same branch, so each step of an attempt ends with one tiny all-reduce (checkpoin
 from __future__ import annotations
 
 import dataclasses
+import io
 import logging
 import os
 import time
@@ -29,11 +30,8 @@ from ftjob_trainer import contract, events, memory_tier
 from ftjob_trainer.checkpoint_layout import (
     FAILED_PREFIX,
     Retention,
-    list_committed,
-    list_memory_committed,
     needed_files,
-    set_aside,
-    validate,
+    rng_file,
     validate_memory_committed,
 )
 from ftjob_trainer.checkpoint_staging import state_nbytes
@@ -57,18 +55,18 @@ class Loaded:
     held: list[memory_tier.RankFolder] = dataclasses.field(default_factory=list)  # this pod's memory copies
 
 
-def candidates(root: str) -> list[tuple[int, str, bool]]:
+def candidates(store: Any) -> list[tuple[int, str, bool]]:
     """(step, folder, committed), newest first: committed checkpoints and memory-committed saves newer than them."""
-    committed = list_committed(root)
+    committed = store.list_committed()
     newest = committed[0][0] if committed else -1
-    pending = [(s, p, False) for s, p in list_memory_committed(root) if s > newest]
+    pending = [(s, p, False) for s, p in store.list_memory_committed() if s > newest]
     return sorted([(s, p, True) for s, p in committed] + pending, reverse=True)
 
 
 class Loader:
     def __init__(
         self,
-        root: str,
+        store: Any,  # checkpoint_store: a folder, or an object store (no memory tier)
         memory_root: str | None,
         engine: Any,
         pg: Any,
@@ -80,19 +78,20 @@ class Loader:
         local_rank: int = 0,
         local_world_size: int = 1,
     ):
-        self.root, self.memory_root, self.engine, self.pg, self.rank = root, memory_root, engine, pg, rank
+        self.store, self.root = store, store.root
+        self.memory_root, self.engine, self.pg, self.rank = memory_root, engine, pg, rank
         self.read_threads, self.write_threads, self.retention = read_threads, write_threads, retention
         self.local_rank, self.local_world_size = local_rank, max(1, local_world_size)
 
     def load_latest(self) -> Loaded | None:
         """Collective. The newest candidate this world can read, loaded into the engine; None: nothing to load."""
         failures = []
-        for step, path, committed in candidates(self.root):
+        for step, path, committed in candidates(self.store):
             started = time.monotonic()
             error: BaseException | str | None = None
             meta: dict = {}
             try:
-                meta = validate(path) if committed else validate_memory_committed(path)
+                meta = self.store.validate(path) if committed else validate_memory_committed(path)
             except Exception as e:  # noqa: BLE001 - any failure means: try the previous one
                 error = e
             save_id = meta.get("save_id")
@@ -126,7 +125,7 @@ class Loader:
                     FAILED_PREFIX,
                 )
                 if self.rank == 0:
-                    set_aside(self.root, path, step)
+                    self.store.set_aside(path, step)
             else:
                 log.warning(
                     "memory-committed save %s is not readable by this world (%s); discarding it", path, reason
@@ -170,24 +169,28 @@ class Loader:
     def _attempt(
         self, step: int, path: str, meta: dict, committed: bool, held: list[memory_tier.RankFolder]
     ) -> tuple[Loaded | None, BaseException | str | None]:
-        memory_files = memory_tier.memory_files(held)
-        sizes = None
-        if not committed:
-            sizes = memory_tier.durable_sizes(memory_tier.durable_markers(path, meta["save_id"]))
-        reader = TieredReader(path, threads=self.read_threads, memory_files=memory_files, durable_sizes=sizes)
+        saved_world = int(meta.get("world_size") or 1)
+        rng_rank = self.rank if self.rank < saved_world else 0  # fewer ranks saved than now run
         error: BaseException | None = None
-        rng_path = None
-        try:
-            saved_world = int(meta.get("world_size") or 1)
-            name = (
-                f"rng-rank{self.rank if self.rank < saved_world else 0}.pt"  # fewer ranks saved than now run
+        if not self.store.tiered:  # an object store: one tier, its files checked by validate()
+            reader, rng_path = self.store.reader(path), rng_file(path, rng_rank)
+        else:
+            memory_files = memory_tier.memory_files(held)
+            sizes = None
+            if not committed:
+                sizes = memory_tier.durable_sizes(memory_tier.durable_markers(path, meta["save_id"]))
+            reader = TieredReader(
+                path, threads=self.read_threads, memory_files=memory_files, durable_sizes=sizes
             )
-            source = resolve(name, 1, path, memory_files, sizes)
-            if source is None:
-                raise FileNotFoundError(f"{name} is in neither tier")
-            rng_path = os.path.join(source[1], name)
-        except Exception as e:  # noqa: BLE001
-            error = e
+            rng_path = None
+            try:
+                name = os.path.basename(rng_file(path, rng_rank))
+                source = resolve(name, 1, path, memory_files, sizes)
+                if source is None:
+                    raise FileNotFoundError(f"{name} is in neither tier")
+                rng_path = os.path.join(source[1], name)
+            except Exception as e:  # noqa: BLE001
+                error = e
         if any_rank(self.pg, error is not None)[0]:  # before the collective load: all of us, or none
             return None, error or "it failed on another rank"
         try:
@@ -198,7 +201,7 @@ class Loader:
             return None, error or "it failed on another rank"
         return Loaded(step, path, meta, committed, reader.stats), None
 
-    def _load(self, reader: TieredReader, meta: dict, rng_path: str) -> None:
+    def _load(self, reader: Any, meta: dict, rng_path: str) -> None:
         with params_on_device(self.engine):
             state = state_of(self.engine)
             dcp.load(state, storage_reader=reader, process_group=self.pg)
@@ -211,7 +214,7 @@ class Loader:
         reader.stats.state_bytes = state_nbytes(state)
         if "scheduler" in meta:
             self.engine.scheduler.load_state_dict(meta["scheduler"])
-        rng = torch.load(rng_path, weights_only=True)
+        rng = torch.load(io.BytesIO(self.store.read_bytes(rng_path)), weights_only=True)
         torch.set_rng_state(rng["cpu"])
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state(rng["cuda"])

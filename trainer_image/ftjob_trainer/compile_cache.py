@@ -23,7 +23,7 @@ def use_checkpoint_volume(checkpoint_dir: str | None) -> str | None:
     anything compiles. Returns the folder in use (None: inductor's default)."""
     if os.environ.get(ENV_CACHE_DIR):
         return os.environ[ENV_CACHE_DIR]
-    if not checkpoint_dir:
+    if not checkpoint_dir or "://" in checkpoint_dir:  # an object store URL: inductor needs a folder
         return None
     path = os.path.join(checkpoint_dir, CACHE_DIR_NAME)
     try:

@@ -130,7 +130,10 @@ class OptimizerConfig:
 @dataclass
 class CheckpointConfig:
     checkpoint_dir: str | None = opt(
-        None, "where committed checkpoints live (shared by all ranks)", kind="opt_str"
+        None,
+        "where committed checkpoints live (shared by all ranks): a folder, or an fsspec URL such as "
+        "s3://bucket/prefix or gs://bucket/prefix (pip install 'ftjob[s3]' / 'ftjob[gcs]')",
+        kind="opt_str",
     )
     checkpoint_every: int = opt(0, "save every N steps (0: only on preemption, request and at the end)")
     keep_last: int = opt(2, "committed checkpoints to keep (>= 1)")
@@ -175,6 +178,13 @@ class CheckpointConfig:
                 "--checkpoint-write-threads and --checkpoint-read-threads must be >= 1 "
                 f"(got {self.write_threads}, {self.read_threads})"
             )
+        if is_url(self.checkpoint_dir):
+            check_store_url(self.checkpoint_dir)
+            if self.memory_checkpoint_dir:
+                raise ConfigError(
+                    "--memory-checkpoint-dir works with a folder --checkpoint-dir, not an object store URL yet; "
+                    "unset it (FTJOB_MEMORY_CHECKPOINT_DIR)"
+                )
         if self.memory_checkpoint_dir and not self.checkpoint_dir:
             raise ConfigError(
                 "--memory-checkpoint-dir is the fast tier in front of --checkpoint-dir; set --checkpoint-dir too"
@@ -281,6 +291,26 @@ COMPONENTS: dict[str, type] = {
     "preemption": PreemptionConfig,
     "run": RunConfig,
 }
+
+
+def is_url(path: str | None) -> bool:
+    """--checkpoint-dir s3://bucket/prefix (any fsspec URL) rather than a folder."""
+    return bool(path) and "://" in path
+
+
+def check_store_url(url: str) -> None:
+    """The URL's fsspec protocol must be installed (s3fs for s3://, gcsfs for gs://)."""
+    try:
+        import fsspec
+    except ImportError as e:
+        raise ConfigError(f"--checkpoint-dir={url} needs fsspec (it comes with torch): {e}") from e
+    protocol = url.split("://", 1)[0]
+    try:
+        fsspec.get_filesystem_class(protocol)
+    except (ImportError, ValueError) as e:
+        raise ConfigError(
+            f"--checkpoint-dir={url}: {e} (s3:// needs pip install 'ftjob[s3]', gs:// 'ftjob[gcs]')"
+        ) from e
 
 
 def hf_model_dir(path: str) -> Path:

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from ftjob_trainer import contract, events
 from ftjob_trainer.checkpoint_load import candidates
 from ftjob_trainer.checkpoint_state import any_rank
+from ftjob_trainer.checkpoint_store import open_store
 from ftjob_trainer.config import TrainConfig
 from ftjob_trainer.engine import Engine, build_model
 
@@ -44,7 +45,7 @@ def init_distributed() -> tuple[int, int, int, torch.device]:
 def resume_expected(checkpoint_dir: str | None) -> bool:
     """Collective: does any rank see a checkpoint to resume from (committed, or memory-committed)? If the load
     then finds none it can read, the trainer builds the engine again, initialised (Trainer.run)."""
-    mine = bool(checkpoint_dir) and bool(candidates(checkpoint_dir))
+    mine = bool(checkpoint_dir) and bool(candidates(open_store(checkpoint_dir)))
     return any_rank(dist.group.WORLD if dist.is_initialized() else None, mine)[0]
 
 

@@ -201,13 +201,43 @@ class MemoryTierSpec(Model):
 
 
 class CheckpointSpec(Model):
-    """Checkpoint storage and cadence (the trainer saves; the operator mounts and asks)."""
+    """Checkpoint storage and cadence (the trainer saves; the operator mounts and asks). The storage is one of
+    volume (a folder every worker mounts) and uri (an object store); with neither, an emptyDir volume."""
 
-    volume: CheckpointVolume = Field(
-        default_factory=lambda: CheckpointVolume(empty_dir=EmptyDirRef()),
-        description="volume is the storage every worker mounts at mountPath; default an emptyDir "
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            (
+                "!(has(self.volume) && has(self.uri))",
+                "spec.checkpoint: set volume or uri, not both (neither means an emptyDir volume)",
+            ),
+            (
+                "!has(self.credentialsSecret) || has(self.uri)",
+                "spec.checkpoint.credentialsSecret goes with spec.checkpoint.uri",
+            ),
+        )
+    )
+
+    volume: CheckpointVolume | None = Field(
+        None,
+        description="volume is the storage every worker mounts at mountPath; unset (and no uri) means an emptyDir "
         "(use a persistentVolumeClaim or hostPath so replaced workers can resume).",
-        json_schema_extra={"default": {"emptyDir": {}}},
+    )
+    uri: str | None = Field(
+        None,
+        pattern=r"^[a-z][a-z0-9+.-]*://[^/]+",
+        max_length=1024,
+        description="uri is an object store URL (s3://bucket/prefix, gs://bucket/prefix, any fsspec URL the image "
+        "can open) instead of a volume; the job's checkpoints go to <uri>/<namespace>/<job name>. Commits use a "
+        "marker object (no rename). AWS_ENDPOINT_URL in credentialsSecret or podTemplate.env selects an "
+        "S3-compatible store (MinIO, Ceph).",
+    )
+    credentials_secret: str | None = Field(
+        None,
+        min_length=1,
+        max_length=253,
+        description="credentialsSecret names a Secret in the job's namespace whose keys become the workers' "
+        "environment (envFrom), e.g. AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL. Unset: the "
+        "pod's cloud identity (IRSA, EKS Pod Identity, GKE Workload Identity) or podTemplate.env.",
     )
     mount_path: str = Field(
         "/checkpoints",
@@ -239,9 +269,27 @@ class CheckpointSpec(Model):
     memory_tier: MemoryTierSpec = Field(
         default_factory=MemoryTierSpec,
         description="memoryTier puts every save in the worker pod's memory first and the durable copy on the "
-        "volume in the background.",
+        "volume in the background (volumes only: ignored with uri).",
         json_schema_extra={"default": {}},
     )
+
+    @model_validator(mode="after")
+    def _one_storage(self) -> CheckpointSpec:
+        # The same rules as the CEL above, for clients (and servers) that do not evaluate CEL.
+        if self.volume is not None and self.uri is not None:
+            raise ValueError(
+                "spec.checkpoint: set volume or uri, not both (neither means an emptyDir volume)"
+            )
+        if self.credentials_secret is not None and self.uri is None:
+            raise ValueError("spec.checkpoint.credentialsSecret goes with spec.checkpoint.uri")
+        return self
+
+    @property
+    def storage_volume(self) -> CheckpointVolume | None:
+        """The volume workers mount: the one set, an emptyDir when neither volume nor uri is, None with uri."""
+        if self.uri is not None:
+            return None
+        return self.volume or CheckpointVolume(empty_dir=EmptyDirRef())
 
 
 class PreemptionSpec(Model):
