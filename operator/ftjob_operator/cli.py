@@ -15,6 +15,7 @@ SUBCOMMANDS = ("operator", "crd", "local", "demo")
 # What `ftjob operator` reads from its environment (handlers.py, tokens.py, network_policy.py).
 OPERATOR_ENV = (
     "FTJOB_DEFAULT_TRAINER_IMAGE",
+    "FTJOB_EXTRA_TERMINATION_TAINTS",
     "FTJOB_TOKEN_KEY",
     "FTJOB_OPERATOR_POD_LABELS",
     "POD_NAMESPACE",

@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 FINALIZER = "ftjob.dev/operator"  # kopf's daemons need one: it stops the daemon before the job is gone
 REPORTING_COMPONENT = "ftjob-operator"
 DEFAULT_IMAGE_ENV = "FTJOB_DEFAULT_TRAINER_IMAGE"
+EXTRA_TAINTS_ENV = (
+    "FTJOB_EXTRA_TERMINATION_TAINTS"  # comma-separated taint keys (the chart's extraTerminationTaints)
+)
 # Re-read the coordinator's progress this often while pods run, when nothing else wakes the loop.
 ACTIVE_POLL_SECONDS = 10.0
 IDLE_POLL_SECONDS = 60.0  # finished or suspended jobs: a safety net only
@@ -75,6 +78,8 @@ class Runtime:
     token_key: bytes | None = None
     network_policy: bool = True  # make each job's NetworkPolicy (`--network-policy`)
     operator_pods: netpol.OperatorPods | None = None
+    # Termination taint keys beyond preemption.TERMINATION_TAINTS (env FTJOB_EXTRA_TERMINATION_TAINTS).
+    extra_termination_taints: frozenset[str] = frozenset()
     # Children the operator creates once and never reads back (the Secret when tokens are derived, the
     # NetworkPolicy): (kind, namespace, name, job uid) once created or found existing (409) by this process.
     created: set[tuple[str, str, str, str]] = field(default_factory=set)
@@ -159,6 +164,11 @@ def wake_jobs_on_node_change(name: str, memo: kopf.Memo, type: str | None, **_: 
     # A termination taint or a node gone concerns whichever jobs have pods there; a pass per job is cheap.
     if type is not None:  # None: the initial listing, which the daemons' first pass covers anyway
         rt.wake_all()
+
+
+def extra_taints_from_env() -> frozenset[str]:
+    """The chart's extraTerminationTaints, as the operator's environment carries them (comma-separated)."""
+    return frozenset(k.strip() for k in os.environ.get(EXTRA_TAINTS_ENV, "").split(",") if k.strip())
 
 
 def node_view(
@@ -289,6 +299,7 @@ async def observe(
         network_policy=rt.network_policy,
         network_policy_exists=("NetworkPolicy", namespace, netpol.policy_name(name), uid) in rt.created,
         operator_pods=rt.operator_pods,
+        extra_termination_taints=rt.extra_termination_taints,
     )
 
 
@@ -451,6 +462,7 @@ def run(
         metrics_port=metrics_port,
         peering=peering,
         default_image=os.environ.get(DEFAULT_IMAGE_ENV, ""),
+        extra_termination_taints=extra_taints_from_env(),
         token_key=token_key,
         network_policy=network_policy,
         operator_pods=operator_pods,

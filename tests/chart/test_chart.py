@@ -238,6 +238,16 @@ def test_the_token_key_reaches_the_operator_through_the_kubelet_and_is_kept():
     )
 
 
+def test_extra_termination_taints_reach_the_operator_as_one_comma_separated_variable():
+    def operator_env(values):
+        container = one(render(values), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        return {e["name"]: e.get("value") for e in container["env"]}
+
+    assert "FTJOB_EXTRA_TERMINATION_TAINTS" not in operator_env({})
+    env = operator_env({"extraTerminationTaints": "{example.com/going-away,other.io/drain}"})
+    assert env["FTJOB_EXTRA_TERMINATION_TAINTS"] == "example.com/going-away,other.io/drain"
+
+
 def test_rollout_never_overlaps_two_unpeered_operators():
     assert one(render(), "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
     ha = one(render(HA_NAMESPACED), "Deployment")["spec"]

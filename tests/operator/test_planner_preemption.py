@@ -299,3 +299,18 @@ def test_trainer_errors_are_a_preemptions_consequence_for_a_minute(seconds, soon
     assert not preemption.soon_after_a_preemption(
         Context(running_observed(job(status=healthy_status())), NOW)
     )
+
+
+def test_extra_termination_taints_from_the_operators_settings_count_as_a_notice(monkeypatch):
+    from ftjob_operator import handlers
+
+    monkeypatch.setenv(handlers.EXTRA_TAINTS_ENV, " example.com/going-away ,, other.io/drain")
+    extra = handlers.extra_taints_from_env()
+    assert extra == {"example.com/going-away", "other.io/drain"}
+    tainted = [node("node-a", "example.com/going-away")]
+    assert preemption.notice_of(pod("worker", 1), Nodes(tainted, extra)) == (
+        "node node-a tainted example.com/going-away"
+    )
+    assert preemption.notice_of(pod("worker", 1), Nodes(tainted)) is None  # not a built-in key
+    monkeypatch.delenv(handlers.EXTRA_TAINTS_ENV)
+    assert handlers.extra_taints_from_env() == frozenset()

@@ -145,7 +145,7 @@ class Context:
         self.events: list[Event] = []
         self.requeue: float | None = None
         self.recoveries: list[Recovery] = []
-        self.nodes = Nodes(observed.nodes)
+        self.nodes = Nodes(observed.nodes, observed.extra_termination_taints)
         self.spec: api.TrainingJobSpec | None = None  # set by the validation step
         # The job's children, sorted out once: only pods it owns, by index.
         owned = [p for p in observed.pods if owned_by(p, self.ref.uid)]

@@ -48,16 +48,22 @@ class Observed:
     # The operator's default trainer image (env FTJOB_DEFAULT_TRAINER_IMAGE, set by the chart), for jobs without
     # spec.image; "" when the operator has none.
     default_image: str = ""
+    # termination taint keys the operator was given beyond the built-in ones (env FTJOB_EXTRA_TERMINATION_TAINTS)
+    extra_termination_taints: frozenset[str] = frozenset()
 
 
 class Nodes:
     """Node existence and taints; knows nothing when the handler did not list nodes."""
 
-    def __init__(self, nodes: list[dict[str, Any]] | None):
+    def __init__(
+        self, nodes: list[dict[str, Any]] | None, extra_termination_taints: frozenset[str] = frozenset()
+    ):
         # An empty list is an index not synced yet (a cluster running our pods has nodes): concluding "every
         # node gone" from it would retire every pod.
         self.known = bool(nodes)
         self.by_name = {n["metadata"]["name"]: n for n in nodes or []}
+        # taint keys that announce a termination beyond preemption.TERMINATION_TAINTS (the chart's list)
+        self.extra_termination_taints = extra_termination_taints
 
     def gone(self, name: str | None) -> bool:
         return bool(name) and self.known and name not in self.by_name

@@ -26,14 +26,19 @@ from .observed import (
     termination_message,
 )
 
-# Node taints that announce the node's termination (spot notice, autoscaler scale-down, GKE shutdown).
+# Node taints that announce the node's termination (spot notice, autoscaler scale-down, GKE shutdown, Karpenter's
+# disruption, a node declared shut down); docs/clouds.md names each, and the chart's extraTerminationTaints adds more.
 TERMINATION_TAINTS = frozenset(
     {
         "aws-node-termination-handler/spot-itn",
         "aws-node-termination-handler/scheduled-maintenance",
         "aws-node-termination-handler/asg-lifecycle-termination",
+        "aws-node-termination-handler/rebalance-recommendation",
         "ToBeDeletedByClusterAutoscaler",
         "cloud.google.com/impending-node-termination",
+        "karpenter.sh/disrupted",  # Karpenter v1 (interruption, consolidation, drift, expiry)
+        "karpenter.sh/disruption",  # Karpenter before v1 (value "disrupting")
+        "node.kubernetes.io/out-of-service",  # non-graceful node shutdown: the node is not coming back
     }
 )
 # pod.status.reason values the kubelet/node lifecycle give pods they stop for reasons outside the pod
@@ -67,7 +72,8 @@ VANISHED = "deleted (gone before ftjob saw it stop)"
 
 # --- what proves a preemption ----------------------------------------------------------------------------------
 def termination_taint(nodes: Nodes, node: str | None) -> str | None:
-    return next((key for key in nodes.taint_keys(node) if key in TERMINATION_TAINTS), None)
+    known = TERMINATION_TAINTS | nodes.extra_termination_taints
+    return next((key for key in nodes.taint_keys(node) if key in known), None)
 
 
 def notice_of(pod: dict[str, Any], nodes: Nodes) -> str | None:
