@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -229,3 +231,28 @@ def test_a_corrupted_newest_checkpoint_falls_back_to_the_previous_one(procs, tmp
     second = run_to_end(procs, tmp_path, "second", args, s3.env())
     assert second["resumed_from_step"] == 3
     assert second["state_sha256"] == baseline["state_sha256"]
+
+
+@pytest.mark.slow
+def test_the_storage_speed_script_measures_disk_memory_and_the_object_store(procs, tmp_path, s3):
+    script = Path(__file__).resolve().parents[2] / "bench" / "storage_speed.py"
+    p = procs.start(
+        [
+            sys.executable,
+            str(script),
+            "--model",
+            "tiny",
+            "--dir",
+            str(tmp_path),
+            "--s3-endpoint",
+            s3.endpoint,
+        ],
+        name="speed",
+        env=s3.env(),
+    )
+    assert finish(p, timeout=300) == 0, log_of(p)[-3000:]
+    doc = json.loads(log_of(p)[log_of(p).index("{\n") :])
+    for where in ("disk", "dev_shm", "s3"):
+        assert (
+            doc[where]["bytes"] > 1_000_000 and doc[where]["write_MBps"] > 0 and doc[where]["read_MBps"] > 0
+        )
