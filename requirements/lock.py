@@ -2,10 +2,12 @@
 tomorrow. pyproject.toml is the one source of requirements; these files only freeze its resolution.
 
 - requirements/operator.txt: the base dependencies and everything they pull (the operator image; torch-free).
-- requirements/trainer.txt: what the trainer image's extras add on top of those, torch left out (the image keeps
-  its base's torch: the pytorch/pytorch image's CUDA build).
+- requirements/trainer.txt: the base dependencies and the trainer image's extras resolved together, torch left
+  out (the image keeps its base's torch: the pytorch/pytorch image's CUDA build). Resolved together because the
+  extras narrow shared packages (botocore, under s3fs, needs python-dateutil<3, which rules out the newest
+  kubernetes client), so the operator's pins cannot simply be reused.
 
-Both Dockerfiles install with `--constraint requirements/operator.txt`; the trainer image adds
+The operator image installs with `--constraint requirements/operator.txt`, the trainer image with
 `--constraint requirements/trainer.txt`. Resolved for the Python of the images (3.11, Linux).
 
 Usage (from the repository root, with network access to PyPI): python requirements/lock.py [operator] [trainer]
@@ -36,10 +38,12 @@ HEADER = (
 )
 
 
-def resolve(*requirements: str) -> dict[str, str]:
-    """Ask pip what it would install for `requirements`, without installing anything."""
+def resolve(*requirements: str, constraints: dict[str, str] | None = None) -> dict[str, str]:
+    """Ask pip what it would install for `requirements` (within `constraints`), without installing anything."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
+        pinned = Path(tmp) / "constraints.txt"
+        pinned.write_text("".join(f"{n}=={v}\n" for n, v in (constraints or {}).items()))
         subprocess.run(
             [
                 sys.executable,
@@ -58,6 +62,8 @@ def resolve(*requirements: str) -> dict[str, str]:
                 str(Path(tmp) / "t"),
                 "--report",
                 str(report),
+                "--constraint",
+                str(pinned),
                 *requirements,
             ],
             cwd=ROOT,
@@ -86,21 +92,24 @@ def lock_operator() -> dict[str, str]:
     return pins
 
 
-def trainer_requirements() -> list[str]:
-    """The image's extras' requirements, torch and the self-references left out (torch is the base image's)."""
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    reqs = [r for name in TRAINER_EXTRAS for r in extras[name]]
+def requirements_of(*sections: str) -> list[str]:
+    """pyproject.toml's requirements: "base" and the named extras; torch and the self-references left out (torch
+    is the trainer image's base's)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = [
+        r
+        for name in sections
+        for r in (project["dependencies"] if name == "base" else project["optional-dependencies"][name])
+    ]
     return [r for r in reqs if not re.match(r"(torch|ftjob)\b", r)]
 
 
 def lock_trainer() -> None:
-    base = resolve(".")
-    pins = {n: v for n, v in resolve(*trainer_requirements()).items() if n not in base}
-    write(
-        TRAINER,
-        f"the trainer image's extras {', '.join(TRAINER_EXTRAS)} beyond operator.txt, torch left out",
-        pins,
-    )
+    # The extras first, alone: their closure pins what they narrow (botocore's python-dateutil<3); the base
+    # dependencies then resolve within it (pip's backtracking over both at once wanders off).
+    extras = resolve(*requirements_of(*TRAINER_EXTRAS))
+    pins = resolve(*requirements_of("base", *TRAINER_EXTRAS), constraints=extras)
+    write(TRAINER, f"base dependencies and the extras {', '.join(TRAINER_EXTRAS)}, torch left out", pins)
 
 
 def main(argv: list[str]) -> None:
