@@ -159,3 +159,41 @@ def test_hf_extra_alone_trains_a_transformers_model(tmp_path):
     assert (first["exit_code"], first["step"]) == (0, 3) and len(first["state_sha256"]) == 64
     second = run_trainer(python, env, run_dir, [*args, "--steps", "5"], "second")
     assert (second["exit_code"], second["step"], second["resumed_from_step"]) == (0, 5, 3)
+
+
+@pytest.mark.slow
+def test_s3_extra_alone_checkpoints_to_an_s3_server_and_resumes(tmp_path):
+    from support.s3_server import S3Server
+
+    python, env = venv_with(tmp_path, "s3")
+    assert {"torch", "numpy", "s3fs"} <= set(installed(python))
+    server = S3Server(tmp_path)
+    try:
+        env = {**env, **server.env()}
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        args = [*TINY, "--checkpoint-dir", server.bucket() + "/job"]
+        first = run_trainer(python, env, run_dir, [*args, "--steps", "3"], "first")
+        assert first["last_checkpoint"].startswith("s3://") and first["step"] == 3
+        second = run_trainer(python, env, run_dir, [*args, "--steps", "5"], "second")
+        assert (second["exit_code"], second["step"], second["resumed_from_step"]) == (0, 5, 3)
+    finally:
+        server.close()
+
+
+@pytest.mark.slow
+def test_gcs_extra_alone_opens_gs_urls(tmp_path):
+    python, env = venv_with(tmp_path, "gcs")
+    probe = subprocess.run(  # no GCS server offline: the config check that gs:// has its filesystem
+        [
+            str(python),
+            "-c",
+            "from ftjob_trainer.config import check_store_url; check_store_url('gs://bucket/prefix'); print('ok')",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert probe.returncode == 0 and probe.stdout.strip() == "ok", probe.stderr[-3000:]
