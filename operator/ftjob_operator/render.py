@@ -44,6 +44,10 @@ COORDINATOR_CONTAINER = "coordinator"
 # torchrun restarts its workers after every membership change and preemption save; a failure inside the pod
 # ends the agent only once these are spent, so the number is large (the operator's failure budget governs).
 TORCHRUN_MAX_RESTARTS = 1_000_000
+# torchrun's flags and program, run by ftjob's launcher: torchrun with warm workers (forked from a process that
+# imported torch and the trainer already) and an agent that leaves its rendezvous when it is stopped (issue 10;
+# ftjob_trainer/launch.py says how, bench/RESULTS.md what it saves).
+LAUNCHER = ["python", "-m", "ftjob_trainer.launch"]
 MEMORY_CHECKPOINT_DIR = f"{SHM_PATH}/ftjob-checkpoints"  # on the ftjob-dshm volume: one per pod
 
 # The trainer image's user (trainer_image/Dockerfile: USER 10001:10001); fsGroup makes claims writable by it.
@@ -311,7 +315,7 @@ def rdzv_id(ref: JobRef, generation: int) -> str:
 
 
 def torchrun_args(ref: JobRef, spec: api.TrainingJobSpec, generation: int) -> list[str]:
-    """torchrun's flags and the program it launches (the worker container's args start with `torchrun`)."""
+    """torchrun's flags and the program it launches (the worker container's args: LAUNCHER, then these)."""
     rdzv = spec.rendezvous
     conf = ",".join(
         [
@@ -431,8 +435,8 @@ def render_worker_pod(
         "name": WORKER_CONTAINER,
         "image": _image(spec),
         "imagePullPolicy": spec.image_pull_policy,
-        # args only, no command: the image's entrypoint (tini) stays PID 1 and forwards SIGTERM to torchrun.
-        "args": ["torchrun", *torchrun_args(ref, spec, generation)],
+        # args only, no command: the image's entrypoint (tini) stays PID 1 and forwards SIGTERM to the launcher.
+        "args": [*LAUNCHER, *torchrun_args(ref, spec, generation)],
         "env": env,
         "volumeMounts": mounts,
         "terminationMessagePath": contract.DEFAULT_TERMINATION_LOG,

@@ -41,8 +41,9 @@ PODS = f"/api/v1/namespaces/{NS}/pods"
 
 # A stand-in for ftjob_trainer.train (stdlib only). Modes:
 #   done   report a step, write the "done" termination message, exit 0
-#   crash  write an "error" termination message, then end its torchrun agent with SIGKILL: torchrun restarts a
-#          failing worker itself (--max-restarts is large), so a pod only fails when the agent does
+#   crash  write an "error" termination message, then end its torchrun agent (its parent: FTJOB_WARM_WORKERS=0) with
+#          SIGKILL: torchrun restarts a failing worker itself (--max-restarts is large), so a pod only fails when
+#          the agent does
 #   serve  report progress twice a second, answer checkpoint requests with a "committed" checkpoint, and on
 #          SIGTERM take $FAKE_SAVE_SECONDS (as a save would) then exit 75 ("checkpointed, restart me")
 FAKE_TRAINER = r"""
@@ -379,6 +380,8 @@ def test_failures_back_off_then_fail_with_pod_exit_code_and_message(jobs):
         name,
         "crash",
         failurePolicy={"maxFailures": 1, "backoffBaseSeconds": 3, "backoffMaxSeconds": 3, "jitter": 0},
+        # the crash mode kills its parent, torchrun's agent: a warm worker's parent is the launcher's forkserver
+        podTemplate={"env": [{"name": "FTJOB_WARM_WORKERS", "value": "0"}]},
     )
     st = env.until(
         lambda: env.status(name).get("failures") == 1 and env.status(name), 90, "the first failure", name

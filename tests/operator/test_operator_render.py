@@ -120,9 +120,13 @@ def test_worker_pod_torchrun_args_env_and_volumes():
     pod = worker(workers={"min": 2, "max": 4}, processesPerWorker=3, args=["--log-every=5"])
     c = pod["spec"]["containers"][0]
     assert pod["metadata"]["name"] == "tj-worker-3" and pod["spec"]["restartPolicy"] == "Never"
-    assert "command" not in c  # the image's entrypoint (tini) stays PID 1 and forwards SIGTERM to torchrun
+    assert (
+        "command" not in c
+    )  # the image's entrypoint (tini) stays PID 1 and forwards SIGTERM to the launcher
     assert c["args"] == [
-        "torchrun",
+        "python",
+        "-m",
+        "ftjob_trainer.launch",  # torchrun's flags and program, torchrun's agent (ftjob_trainer/launch.py)
         "--nnodes=2:4",
         "--nproc-per-node=3",
         "--rdzv-backend=c10d",

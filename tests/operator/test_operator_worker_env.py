@@ -88,9 +88,9 @@ def test_torchrun_accepts_the_rendered_arguments():
         a.replace("$(FTJOB_COORDINATOR_ADDR)", "10.96.0.7").replace("$(POD_IP)", "127.10.0.5")
         for a in pod["spec"]["containers"][0]["args"]
     ]
-    # No command: the image's entrypoint (tini) runs the args, whose first word is torchrun itself.
-    assert "command" not in pod["spec"]["containers"][0] and args[0] == "torchrun"
-    ns = get_args_parser().parse_args(args[1:])
+    # No command: the image's entrypoint (tini) runs the args: ftjob's launcher, then torchrun's own arguments.
+    assert "command" not in pod["spec"]["containers"][0] and args[:3] == render.LAUNCHER
+    ns = get_args_parser().parse_args(args[3:])
     assert (ns.nnodes, ns.nproc_per_node, ns.rdzv_backend) == ("2:3", "2", "c10d")
     assert (
         ns.rdzv_endpoint == "10.96.0.7:29400" and ns.rdzv_id == f"{UID}-g4" and ns.local_addr == "127.10.0.5"

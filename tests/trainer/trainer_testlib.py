@@ -93,6 +93,30 @@ class Procs:
         ]
         return self.start(argv, name=name, env=env)
 
+    def launch(
+        self,
+        args: list[str],
+        *,
+        name: str,
+        nproc: int = 2,
+        env: dict | None = None,
+        rdzv: list[str] | None = None,
+        max_restarts: int = 0,
+        program: list[str] | None = None,
+    ) -> subprocess.Popen:
+        """ftjob's launcher (ftjob_trainer.launch: torchrun's flags, warm workers), as the operator runs it."""
+        argv = [
+            sys.executable,
+            "-m",
+            "ftjob_trainer.launch",
+            *(rdzv or ["--standalone"]),
+            f"--nproc-per-node={nproc}",
+            f"--max-restarts={max_restarts}",
+            *(program or ["-m", "ftjob_trainer.train"]),
+            *args,
+        ]
+        return self.start(argv, name=name, env=env)
+
     def cleanup(self) -> None:
         for p in self.procs:
             if p.poll() is None:

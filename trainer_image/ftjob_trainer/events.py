@@ -16,7 +16,7 @@ from typing import Any, TextIO
 from ftjob_trainer import contract
 
 _lock = threading.Lock()
-_rank: int | None = int(os.environ["RANK"]) if os.environ.get("RANK", "").isdigit() else None
+_rank: int | None = None  # set_rank's; until then torchrun's RANK, read when an event is written
 _stream: TextIO | None = None  # None: sys.stderr at the moment of writing (the log handler's stream)
 
 
@@ -40,6 +40,18 @@ _IMPORTED_AT = time.time()
 STARTED_AT = process_start_time()
 
 
+def _forked() -> None:
+    """A process forked from one that imported this module (ftjob_trainer.launch's warm workers) started at the
+    fork, not when its parent did."""
+    global STARTED_AT, _IMPORTED_AT, _rank
+    _IMPORTED_AT = time.time()
+    STARTED_AT = process_start_time()
+    _rank = None
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 def set_rank(rank: int | None) -> None:
     """The global rank stamped on every later event (once the process group exists)."""
     global _rank
@@ -55,13 +67,19 @@ def set_stream(stream: TextIO | None) -> None:
 def emit(name: str, **fields: Any) -> dict[str, Any]:
     """Write one event line (time, rank and pid added) and flush it at once: a reader may be waiting on it, and a
     process killed right after must not lose it in a buffer. Returns the event as written."""
-    event = {"time": round(time.time(), 6), "rank": _rank, "pid": os.getpid(), **fields}
+    rank = _rank if _rank is not None else _env_rank()
+    event = {"time": round(time.time(), 6), "rank": rank, "pid": os.getpid(), **fields}
     line = contract.event_line(name, **event) + "\n"
     with _lock:
         stream = _stream or sys.stderr
         stream.write(line)
         stream.flush()
     return {"event": name, **event}
+
+
+def _env_rank() -> int | None:
+    value = os.environ.get("RANK", "")
+    return int(value) if value.isdigit() else None
 
 
 def since_start() -> float:

@@ -1,0 +1,228 @@
+"""ftjob_trainer.launch: torchrun's agent with warm workers (forked from a process that imported torch and the
+trainer), an agent that leaves its rendezvous when it is stopped, and faster polling while a round forms."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import signal
+import sys
+from types import SimpleNamespace
+
+import pytest
+from ftjob_trainer import launch, warm_worker
+from trainer_testlib import (
+    TINY,
+    events_of,
+    finish,
+    list_steps,
+    log_of,
+    read_json,
+    report_step,
+    start_coordinator,
+    wait_for,
+)
+
+# A program that says what it found when it started: torch already imported means it was forked warm.
+# The first time, every rank waits until all have reported (a rank that exits first makes torchrun stop the rest),
+# then exits PROBE_EXIT.
+PROBE = """
+import json, os, pathlib, sys, time
+warm = "torch" in sys.modules
+restart, rank = os.environ["TORCHELASTIC_RESTART_COUNT"], os.environ["RANK"]
+print(json.dumps({"probe": rank, "warm": warm, "argv": sys.argv[1:], "restart": restart, "main": __name__}),
+      flush=True)
+here = pathlib.Path(os.environ["PROBE_DIR"])
+(here / f"seen-{restart}-{rank}").touch()
+if restart == "0":
+    while len(list(here.glob("seen-0-*"))) < int(os.environ["WORLD_SIZE"]):
+        time.sleep(0.05)
+    sys.exit(int(os.environ["PROBE_EXIT"]))
+"""
+
+
+def probes(p) -> list[dict]:
+    return [json.loads(line) for line in log_of(p).splitlines() if line.startswith('{"probe"')]
+
+
+# ================================================================================================ pure parts
+def test_the_forkserver_preloads_the_trainer_only_when_it_is_the_program():
+    builtin = launch.preload_modules(["--nnodes=1:2", "-m", "ftjob_trainer.train", "--steps", "5"])
+    custom = launch.preload_modules(["--nnodes=1:2", "/app/train.py", "-m", "ftjob_trainer.train"])
+    common = [launch.FORKSERVER_FIRST, launch.WORKER_ENTRY, "torch", "torch.distributed"]
+    assert builtin == [*common, "torch._dynamo", "ftjob_trainer.train", "ftjob_trainer.models"]
+    # a script's own "-m x" argument is still a pair: it warms the trainer too, harmlessly; no -m at all does not
+    assert launch.preload_modules(["--standalone", "/app/train.py", "--lr", "1"]) == common
+    assert custom[: len(common)] == common
+
+
+def test_switches_are_on_unless_turned_off():
+    assert launch.enabled("X", {}) and launch.enabled("X", {"X": "1"}) and launch.enabled("X", {"X": "yes"})
+    assert not any(launch.enabled("X", {"X": v}) for v in ("0", "false", "No", " off "))
+
+
+def test_poll_interval_grows_with_the_nodes_up_to_c10ds_own():
+    assert launch.poll_seconds(2, {}) == launch.MIN_POLL_SECONDS
+    assert launch.poll_seconds(50, {}) == pytest.approx(0.5)
+    assert launch.poll_seconds(5000, {}) == launch.C10D_POLL_SECONDS
+    assert launch.poll_seconds(2, {launch.ENV_POLL_SECONDS: "0.25"}) == 0.25
+
+
+def test_python_programs_become_warm_workers_and_others_stay_torchruns():
+    pytest.importorskip("torch")
+
+    def config_from_args(args):
+        return SimpleNamespace(start_method="spawn"), *args
+
+    config = launch.warm_config(config_from_args)
+    cfg, entry, args = config(("/venv/bin/python", ["-u", "-m", "ftjob_trainer.train", "--steps", "3"]))
+    assert (cfg.start_method, entry, args) == (
+        "forkserver",
+        warm_worker.run,
+        ["-m", "ftjob_trainer.train", "--steps", "3"],
+    )
+    cfg, entry, args = config(("/app/trainer-binary", ["--steps", "3"]))  # --no-python: not ours to fork
+    assert (cfg.start_method, entry, args) == ("spawn", "/app/trainer-binary", ["--steps", "3"])
+
+
+def test_a_worker_exit_is_logged_without_the_agents_traceback_and_other_errors_keep_theirs():
+    import torch.multiprocessing as mp
+
+    quiet = launch.WorkerExitWithoutTraceback()
+
+    def record(error: BaseException) -> logging.LogRecord:
+        return logging.LogRecord("t", logging.ERROR, __file__, 1, "failed", None, (type(error), error, None))
+
+    exited = record(mp.ProcessExitedException("process 0 terminated with exit code 75", 0, 75, 123, 75))
+    raised = record(RuntimeError("boom"))
+    assert quiet.filter(exited) and exited.exc_info is None and exited.getMessage() == "failed"
+    assert quiet.filter(raised) and raised.exc_info is not None
+
+
+def test_warm_worker_runs_a_module_or_a_script_as_main_with_its_arguments(tmp_path, monkeypatch, capsys):
+    (tmp_path / "probe_mod.py").write_text("import sys\nprint(__name__, sys.argv[1:])\nsys.exit(75)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    with pytest.raises(SystemExit) as ended:
+        warm_worker.run("-m", "probe_mod", "--steps", "3")
+    assert ended.value.code == 75 and capsys.readouterr().out == "__main__ ['--steps', '3']\n"
+    script = tmp_path / "scripts" / "train.py"
+    script.parent.mkdir()
+    (script.parent / "helper.py").write_text("VALUE = 7\n")
+    script.write_text("import sys, helper\nprint(__name__, helper.VALUE, sys.argv)\n")  # a sibling import
+    warm_worker.run(str(script), "--lr", "1")
+    assert capsys.readouterr().out == f"__main__ 7 [{str(script)!r}, '--lr', '1']\n"
+
+
+# ================================================================================================ processes
+@pytest.mark.slow
+@pytest.mark.parametrize("warm", [True, False])
+def test_workers_start_with_torch_imported_and_exit_codes_restart_them(procs, tmp_path, warm):
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    p = procs.launch(
+        ["--flag", "x"],
+        name="probe",
+        nproc=2,
+        max_restarts=1,
+        program=[str(probe)],
+        env={"PROBE_EXIT": "75", "PROBE_DIR": str(tmp_path), launch.ENV_WARM_WORKERS: "1" if warm else "0"},
+    )
+    assert finish(p) == 0, log_of(p)[-3000:]
+    seen = sorted((d["restart"], d["probe"], d["warm"], d["main"]) for d in probes(p))
+    # exit 75 restarted both ranks once, as torchrun restarts them; every worker found torch imported iff warm
+    assert seen == [(r, rank, warm, "__main__") for r in "01" for rank in "01"], log_of(p)[-3000:]
+    assert all(d["argv"] == ["--flag", "x"] for d in probes(p))
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_pods_processes_saves_before_the_agent_exits(procs, tmp_path):
+    """The local kubelet signals the container's process group: the forkserver lives in a session of its own, so
+    its workers save and exit 75 before the agent ends (it waits for them, as torchrun waits for its own)."""
+    ckpt, report = tmp_path / "ckpt", tmp_path / "r.json"
+    p = procs.launch(
+        [*TINY, "--steps", "400", "--checkpoint-dir", str(ckpt), "--report", str(report)],
+        name="run",
+        env={"FTJOB_TERMINATION_LOG": str(tmp_path / "term")},
+    )
+    wait_for(lambda: report_step(report) >= 3, timeout=180, proc=p, what="training (step 3)")
+    os.killpg(p.pid, signal.SIGTERM)
+    assert finish(p) != 0  # an agent stopped by a signal fails, as torchrun's does
+    exits = [(e["rank"], e["code"], e["reason"]) for e in events_of(p) if e["event"] == "exit"]
+    assert sorted(exits) == [(0, 75, "preempted"), (1, 75, "preempted")], log_of(p)[-3000:]
+    term = read_json(tmp_path / "term")
+    assert term["exitCode"] == 75 and list_steps(ckpt)[-1] == term["step"]
+    started = [e for e in events_of(p) if e["event"] == "process_started"]
+    assert len(started) == 2 and all(e["rank"] in (0, 1) for e in started)  # RANK, read after the fork
+
+
+def _rendezvous_pids(store_port: int, run_id: str) -> tuple[set[int], set[int]]:
+    """The agents (by pid) c10d's shared state holds as participants, and those with a heartbeat."""
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    store = TCPStore("127.0.0.1", store_port, is_master=False, wait_for_workers=False)
+    state = pickle.loads(C10dRendezvousBackend(store, run_id).get_state()[0])
+    return {n.pid for n in state.participants}, {n.pid for n in state.last_heartbeats}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("leave", [True, False])
+def test_a_stopped_agent_leaves_the_rendezvous_and_the_survivor_goes_on_without_its_keepalive(
+    procs, tmp_path, leave
+):
+    """Two agents through the coordinator's store, with a keep-alive that would hold a silent agent for 10
+    minutes. SIGTERM to one agent: it saves with its peer, leaves the round, and the survivor forms the next round
+    alone and trains on; without leaving, the round still holds it."""
+    _, ports = start_coordinator(procs, "t0ken")
+    ckpt = tmp_path / "ckpt"
+    run_id = f"job-leave-{leave}"
+    rdzv = [
+        "--nnodes=1:2",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{ports['storePort']}",
+        f"--rdzv-id={run_id}",
+        "--rdzv-conf=is_host=0,last_call_timeout=1,keep_alive_interval=60,keep_alive_max_attempt=10,join_timeout=600",
+    ]
+    agents = {}
+    for name in ("a", "b"):
+        env = {
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+            "FTJOB_TERMINATION_LOG": str(tmp_path / f"{name}.term"),
+            launch.ENV_LEAVE_RENDEZVOUS: "1" if leave else "0",
+        }
+        args = [
+            *TINY,
+            "--steps",
+            "400",
+            "--checkpoint-dir",
+            str(ckpt),
+            "--report",
+            str(tmp_path / f"{name}.json"),
+        ]
+        agents[name] = procs.launch(args, name=name, nproc=1, env=env, rdzv=rdzv, max_restarts=3)
+
+    def rank0_report():
+        return next((n for n in agents if report_step(tmp_path / f"{n}.json") >= 3), None)
+
+    wait_for(rank0_report, timeout=240, proc=agents["a"], what="both agents training (step 3)")
+    assert _rendezvous_pids(ports["storePort"], run_id)[0] == {agents["a"].pid, agents["b"].pid}
+    os.killpg(agents["a"].pid, signal.SIGTERM)
+    assert finish(agents["a"]) != 0
+    saved = read_json(tmp_path / "a.term")["step"]
+    participants, alive = _rendezvous_pids(ports["storePort"], run_id)
+    if not leave:
+        # torchrun's own way: the stopped agent stays a participant until its keep-alive expires
+        assert agents["a"].pid in participants | alive
+        return
+    assert agents["a"].pid not in participants | alive, log_of(agents["a"])[-2000:]
+    assert "left the rendezvous" in log_of(agents["a"])
+
+    def resumed_alone():
+        doc = read_json(tmp_path / "b.json") or {}
+        return doc if doc.get("world_size") == 1 and doc.get("step", 0) > saved else None
+
+    # within the keep-alive's 10 minutes only a departed agent lets the survivor's round form
+    wait_for(resumed_alone, timeout=300, proc=agents["b"], what="the survivor training alone after the save")

@@ -1,0 +1,246 @@
+"""`python -m ftjob_trainer.launch [torchrun flags] PROGRAM [ARGS]`: torchrun, back to training sooner after a loss.
+
+It takes torchrun's own flags and program (the operator renders a worker container as `python -m
+ftjob_trainer.launch <torchrun flags> -m ftjob_trainer.train`) and runs torchrun's own elastic agent, with these
+changes, each switchable and measured in bench/RESULTS.md (issue 10):
+
+Warm workers (FTJOB_WARM_WORKERS). torchrun starts every worker as a new interpreter that imports torch and the
+trainer again (2-5 s on two cores), after every rendezvous: on the critical path of every recovery, survivors
+included. Here a forkserver (multiprocessing's) starts before the agent imports torch, imports torch and the
+trainer once while the agent joins the rendezvous, and every worker, the first and each one torchrun restarts
+after a preemption save or a membership change, is forked from it in milliseconds (ftjob_trainer.warm_worker runs
+first in it). The forkserver only imports: no CUDA (a forked child initialises its own). Off: torchrun's own
+subprocess workers, for a program that must not start from a forked, imported torch.
+
+Leaving the rendezvous (FTJOB_LEAVE_RENDEZVOUS). torchrun's agent, stopped by SIGTERM, waits for its workers (their
+preemption save) and exits without telling its peers; the next c10d round can only form once its keep-alive
+expires (keep_alive_interval x keep_alive_max_attempt), and one that waited (a new agent, a warm spare) keeps its
+peers restarting until then. Here the stopped agent removes itself from the rendezvous before it exits, as a
+restarting survivor's agent does before it rejoins. A hard kill still ends with the keep-alive.
+
+Polling while a round forms (FTJOB_RENDEZVOUS_POLL_SECONDS). c10d's agents read the shared rendezvous state at
+most once a second while they wait for a round to form, so the last one to learn that it formed learns it up to a
+second late. Here they read it every POLL_SECONDS_PER_NODE x max nodes seconds, 0.1 s to c10d's 1 s, and only while
+a round forms (the membership checks during training keep c10d's 1 s).
+
+These reach into torchrun's internals (its config_from_args, the rendezvous registry, c10d's exit operation, its
+poll delay and state cache); each is feature-detected and leaves torchrun's plain behaviour where a torch version
+lacks what it uses.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import multiprocessing.forkserver
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+log = logging.getLogger("ftjob.launch")
+
+ENV_WARM_WORKERS = "FTJOB_WARM_WORKERS"
+ENV_LEAVE_RENDEZVOUS = "FTJOB_LEAVE_RENDEZVOUS"
+ENV_POLL_SECONDS = "FTJOB_RENDEZVOUS_POLL_SECONDS"  # unset: from the node count; a number: that
+BUILTIN_TRAINER = "ftjob_trainer.train"
+WORKER_ENTRY = "ftjob_trainer.warm_worker"
+FORKSERVER_FIRST = "ftjob_trainer.warm_forkserver"  # its own session: pod-wide signals do not reach it
+LEAVE_SECONDS = 5.0  # the most a stopped agent spends leaving (a store round trip or two)
+C10D_POLL_SECONDS = 1.0  # c10d's delay between reads of the state while it waits, and its state cache
+# Every waiting agent reads the whole state (which grows with the nodes) each poll: 0.1 s up to 10 nodes, then
+# slower, c10d's 1 s from 100 nodes on.
+POLL_SECONDS_PER_NODE, MIN_POLL_SECONDS = 0.01, 0.1
+
+
+def enabled(name: str, env: dict[str, str] | None = None) -> bool:
+    """An on/off switch read from the environment: on unless 0/false/no/off."""
+    value = (os.environ if env is None else env).get(name, "1")
+    return value.strip().lower() not in ("0", "false", "no", "off")
+
+
+# ================================================================================================ warm workers
+def preload_modules(argv: list[str]) -> list[str]:
+    """What the forkserver imports, in order: its own session first, the worker entry and torch; for the built-in
+    trainer (`-m ftjob_trainer.train` among the arguments, read before torch's parser is imported: a miss costs a
+    worker some imports, never a wrong program) also the trainer and what torch imports lazily on its way to a
+    first step (torch._dynamo: FSDP2's first fully_shard imports it, 1.4-2.1 s on two cores)."""
+    modules = [FORKSERVER_FIRST, WORKER_ENTRY, "torch", "torch.distributed"]
+    pairs = zip(argv[:-1], argv[1:], strict=True)
+    if any(a in ("-m", "--module") and b == BUILTIN_TRAINER for a, b in pairs):
+        modules += ["torch._dynamo", BUILTIN_TRAINER, "ftjob_trainer.models"]
+    return modules
+
+
+def start_forkserver(modules: list[str]) -> None:
+    """Starts multiprocessing's forkserver; it imports `modules` in the background, in order."""
+    multiprocessing.get_context("forkserver").set_forkserver_preload(modules)
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")  # as torchrun's `python -u`: workers share its stdout
+    multiprocessing.forkserver.ensure_running()
+
+
+def warm_config(config_from_args: Callable) -> Callable:
+    """torchrun's config_from_args, with a Python program turned into warm_worker.run forked from the forkserver."""
+    from ftjob_trainer import warm_worker
+
+    def config(args: Any) -> tuple[Any, Any, list[str]]:
+        cfg, cmd, cmd_args = config_from_args(args)
+        if isinstance(cmd, str) and cmd_args[:1] == ["-u"]:  # `python -u [-m] PROGRAM ...`, not --no-python
+            cfg.start_method = "forkserver"
+            return cfg, warm_worker.run, cmd_args[1:]
+        if callable(cmd):  # --run-path: torchrun's own function entrypoint
+            cfg.start_method = "forkserver"
+        return cfg, cmd, cmd_args
+
+    return config
+
+
+class WorkerExitWithoutTraceback(logging.Filter):
+    """torchrun logs a function worker that exited with a code (75 after every preemption save) with the agent's
+    own traceback of torch.multiprocessing's join, which says nothing the message does not, and formatting any
+    traceback makes torch's log formatter import torch._dynamo: 1.4-9 s on two cores, in the middle of every
+    survivor's restart. The message stays; that traceback goes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if error is not None and type(error).__name__ == "ProcessExitedException":
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+# ================================================================================================ the rendezvous
+def poll_seconds(max_nodes: int, env: dict[str, str] | None = None) -> float:
+    value = (os.environ if env is None else env).get(ENV_POLL_SECONDS, "").strip()
+    if value:
+        return max(0.01, float(value))
+    return min(C10D_POLL_SECONDS, max(MIN_POLL_SECONDS, POLL_SECONDS_PER_NODE * max_nodes))
+
+
+def poll_faster_while_forming(handler: Any, poll: float) -> bool:
+    """While this agent runs a rendezvous operation (join, exit), it reads the state every `poll` seconds; False
+    where this torch's handler lacks what that needs."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+    executor = getattr(handler, "_op_executor", None)
+    holder = getattr(handler, "_state_holder", None)
+    delay = getattr(dr, "_delay", None)
+    if (
+        executor is None
+        or not hasattr(holder, "_cache_duration")
+        or delay is None
+        or poll >= C10D_POLL_SECONDS
+    ):
+        return False
+    run = executor.run
+
+    def run_polling_faster(*args: Any, **kwargs: Any) -> Any:
+        cached = holder._cache_duration
+        holder._cache_duration = poll
+        try:
+            return run(*args, **kwargs)
+        finally:
+            holder._cache_duration = cached
+
+    def shorter_poll(seconds: float | tuple[float, float]) -> None:  # c10d passes it by name
+        delay(seconds=poll if seconds == C10D_POLL_SECONDS else seconds)  # the poll; its random skew stays
+
+    executor.run = run_polling_faster
+    dr._delay = shorter_poll
+    return True
+
+
+def leave(handler: Any, seconds: float = LEAVE_SECONDS) -> bool:
+    """Removes this agent from its c10d rendezvous: from the round's participants (what c10d's own exit operation
+    does for a restarting agent before it rejoins), the wait list or the redundancy list (a warm spare's place);
+    False where this torch's handler lacks what that needs. The keep-alive stops first, so nothing writes this
+    agent back."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+    actions = getattr(dr, "_Action", None)
+    executor = getattr(handler, "_op_executor", None)
+    stop_heartbeats = getattr(handler, "_stop_heartbeats", None)
+    needed = ("REMOVE_FROM_PARTICIPANTS", "REMOVE_FROM_WAIT_LIST", "REMOVE_FROM_REDUNDANCY_LIST", "FINISH")
+    if executor is None or stop_heartbeats is None or not all(hasattr(actions, a) for a in needed):
+        return False
+
+    def leave_op(ctx: Any, deadline: float) -> Any:
+        state = ctx.state
+        if time.monotonic() > deadline:
+            return actions.ERROR_TIMEOUT
+        if ctx.node in state.participants:
+            return actions.REMOVE_FROM_PARTICIPANTS
+        if ctx.node in state.wait_list:
+            return actions.REMOVE_FROM_WAIT_LIST
+        if ctx.node in getattr(state, "redundancy_list", ()):
+            return actions.REMOVE_FROM_REDUNDANCY_LIST
+        return actions.FINISH
+
+    stop_heartbeats()
+    executor.run(leave_op, time.monotonic() + seconds)
+    return True
+
+
+def tuned_handlers(get_handler: Callable, into: list) -> Callable:
+    """The rendezvous registry's get_rendezvous_handler, keeping each handler (to leave it) and tuning its poll."""
+
+    def get(params: Any) -> Any:
+        handler = get_handler(params)
+        into.append(handler)
+        seconds = poll_seconds(int(getattr(params, "max_nodes", 1) or 1))
+        if poll_faster_while_forming(handler, seconds):
+            log.info("rendezvous: polling every %.2fs while a round forms", seconds)
+        return handler
+
+    return get
+
+
+def leave_all(handlers: list, why: str) -> None:
+    started = time.monotonic()
+    for handler in handlers:
+        try:
+            left = leave(handler)
+        except Exception as err:  # noqa: BLE001 - the keep-alive's expiry is the fallback: say so, go on
+            log.warning("could not leave the rendezvous (%s); peers wait for its keep-alive to expire", err)
+            continue
+        if left:
+            log.info("stopped by %s: left the rendezvous in %.3fs", why, time.monotonic() - started)
+
+
+# ================================================================================================ main
+def _log_to_stderr() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s launch %(levelname)s %(name)s: %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    warm = enabled(ENV_WARM_WORKERS) and not {"--no-python", "--no_python"} & set(argv)
+    if warm:
+        start_forkserver(preload_modules(argv))  # before our own imports: the two import side by side
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing import api as processes
+    from torch.distributed.elastic.rendezvous import registry
+
+    _log_to_stderr()
+    if warm and hasattr(torchrun, "config_from_args"):
+        torchrun.config_from_args = warm_config(torchrun.config_from_args)
+        getattr(processes, "logger", logging.getLogger(processes.__name__)).addFilter(
+            WorkerExitWithoutTraceback()
+        )
+    handlers: list = []
+    if hasattr(registry, "get_rendezvous_handler"):
+        registry.get_rendezvous_handler = tuned_handlers(registry.get_rendezvous_handler, handlers)
+    try:
+        torchrun.main(argv)  # parses, launches, waits; @record writes the error file as torchrun's does
+    except processes.SignalException as e:
+        if enabled(ENV_LEAVE_RENDEZVOUS):
+            leave_all(handlers, e.sigval.name)
+        raise
+
+
+if __name__ == "__main__":
+    main()
