@@ -14,7 +14,11 @@ agent start-up (pod running -> its torchrun's first line) and the round (-> ever
 round). Goal (issue 10): the notice -> first step after the resume, median of 3 preemptions <= 5 s with the tiny
 model on 2 cores, 0 lost steps (trained twice or skipped).
 
-    .venv/bin/python bench/local_recovery.py [--preemptions 3] [--notice 0] [--no-write]
+With --spares N the job keeps N warm spare workers (spec.workers.spares; the cluster gets a spot node for each)
+and each preemption takes a training worker's node: the spare takes its place in the rendezvous. --env NAME=VALUE
+adds to the worker pods' environment: the arms of a comparison (ftjob_trainer.launch's switches, say).
+
+    .venv/bin/python bench/local_recovery.py [--preemptions 3] [--notice 0] [--spares 1] [--env K=V] [--no-write]
 """
 
 from __future__ import annotations
@@ -31,7 +35,15 @@ from pathlib import Path
 import yaml
 from ftjob_local.demo import DEFAULT_MANIFEST, demo_manifests, read_json, report_file
 from ftjob_local.preempt import request_preemption
-from ftjob_local.timeline import MOMENTS, ROLES, Analysis, analyze, breakdown_rows, read_job_events
+from ftjob_local.timeline import (
+    MOMENTS,
+    ROLES,
+    Analysis,
+    analyze,
+    breakdown_rows,
+    read_job_events,
+    training_pods,
+)
 from local_common import local_cluster, machine, now_utc, write_section
 
 GOAL_MEDIAN_SECONDS = 5.0
@@ -52,7 +64,23 @@ def parse_args(argv):
     )
     p.add_argument("--timeout", type=float, default=600, help="give up after S seconds (default 600)")
     p.add_argument("--no-write", action="store_true", help="print JSON only; leave bench/RESULTS.md alone")
+    p.add_argument(
+        "--spares",
+        type=int,
+        default=0,
+        help="warm spare worker pods (spec.workers.spares; one more spot node each; default 0)",
+    )
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="more environment for the worker pods (repeatable), e.g. an arm of a comparison: "
+        "FTJOB_WARM_WORKERS=0",
+    )
     args = p.parse_args(argv)
+    if any("=" not in e for e in args.env):
+        p.error("--env takes NAME=VALUE")
     if args.preemptions < 1 or args.steps < 10 * (args.preemptions + 1):
         p.error("--preemptions must be >= 1 and --steps >= 10 x (preemptions + 1)")
     return args
@@ -96,26 +124,28 @@ def round_parts(
     return parts
 
 
-def job_docs(steps: int) -> tuple[list[dict], dict]:
+def job_docs(steps: int, env: list[str] = (), spares: int = 0) -> tuple[list[dict], dict]:
     docs, job = demo_manifests(DEFAULT_MANIFEST)  # + log-every 1 and the report, as the demo runs it
     spec = job["spec"]
     spec["trainer"]["steps"] = steps
-    spec["workers"] = {"min": 2, "max": 2}  # a resume needs the replacement: its path is what is measured
+    # a resume needs the replacement (or a warm spare): its path is what is measured
+    spec["workers"] = {"min": 2, "max": 2, "spares": spares}
     spec.setdefault("podTemplate", {})["env"] = [
         {"name": "OMP_NUM_THREADS", "value": "1"},  # 2 ranks, 2 cores
         {"name": "LOGLEVEL", "value": "INFO"},  # torchrun's rendezvous steps, with times, in the pod logs
+        *({"name": k, "value": v} for k, v in (e.split("=", 1) for e in env)),
     ]
     return docs, job
 
 
 def run(args) -> dict:
-    docs, job = job_docs(args.steps)
+    docs, job = job_docs(args.steps, args.env, args.spares)
     name = job["metadata"]["name"]
     targets = [args.steps * (i + 1) // (args.preemptions + 1) for i in range(args.preemptions)]
     notices: list[tuple[float, str]] = []
     created: dict[str, float] = {}
     running: dict[str, float] = {}
-    with local_cluster(args.state_dir) as s:
+    with local_cluster(args.state_dir, spot_nodes=2 + args.spares) as s:
         report = report_file(s.cluster, s.ns, job)
         s.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs, sort_keys=False))
         deadline = time.monotonic() + args.timeout
@@ -124,7 +154,8 @@ def run(args) -> dict:
                 raise SystemExit(f"the job did not finish in {args.timeout:g}s; see {s.cluster.log_dir}")
             now = time.time()
             status = (s.job(name) or {}).get("status") or {}
-            for p in s.pods(name):
+            pods = s.pods(name)
+            for p in pods:
                 n = p["metadata"]["name"]
                 created.setdefault(n, now)
                 if (p.get("status") or {}).get("phase") == "Running":
@@ -133,8 +164,18 @@ def run(args) -> dict:
                 break
             step = (read_json(report) or {}).get("step") or 0
             ready = (status.get("workers") or {}).get("ready", 0)
-            if len(notices) < len(targets) and step >= targets[len(notices)] and ready == 2:
-                node = s.node_of_worker(name)
+            pods_up = len(
+                [n for n in running if "-worker-" in n and n in {p["metadata"]["name"] for p in pods}]
+            )
+            if (
+                len(notices) < len(targets)
+                and step >= targets[len(notices)]
+                and ready == 2
+                and pods_up >= 2 + args.spares
+            ):
+                # a node with a training worker, never a spare's (it would cost training nothing)
+                training = training_pods(read_job_events(s.cluster.dir, s.ns, name))
+                node = s.node_of_worker(name, among=training)
                 if node:
                     request_preemption(s.kube, node, notice=args.notice, replace_after=args.replace_after)
                     notices.append((time.time(), node))
@@ -151,8 +192,10 @@ def run(args) -> dict:
             "manifest": str(DEFAULT_MANIFEST.name),
             "steps": args.steps,
             "workers": "2:2",
+            "spares": args.spares,
             "notice_s": args.notice,
             "replace_after_s": args.replace_after,
+            "env": args.env,
         },
         "phase": final.get("phase"),
         "preemptions": final.get("preemptions"),
@@ -196,7 +239,16 @@ def recovery(
         }
     fresh = sorted((t, n) for n, t in created.items() if "-worker-" in n and t > t_notice)
     replacement = r.pod("replacement")
-    if fresh and replacement is not None:
+    if replacement is not None and created.get(replacement.pod, t_notice) < t_notice:
+        # a warm spare took the place: its agent was up and waiting; the round is counted from the notice
+        out["spare_warm_for_s"] = round(t_notice - running.get(replacement.pod, created[replacement.pod]), 2)
+        rounds = round_parts(agents, replacement.pod, t_notice, r.t_started)
+        if "round_joined" in rounds:
+            out["rendezvous_s"] = {
+                "agent_startup": None,
+                "round": round(rounds["round_joined"] - t_notice, 2),
+            }
+    elif fresh and replacement is not None:
         out["replacement_created_s"] = round(fresh[0][0] - t_notice, 2)
         t_run = running.get(replacement.pod, fresh[0][0])
         rounds = round_parts(agents, replacement.pod, t_notice, r.t_started)

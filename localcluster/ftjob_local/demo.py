@@ -30,7 +30,7 @@ import yaml
 from .cluster import ClusterError, LocalCluster
 from .demo_render import plot, print_goodput, print_timeline, progress_table
 from .session import CRD_DIR, REPO, Session, SessionError, event_time
-from .timeline import Analysis, Resume, analyze, breakdown_rows, read_job_events
+from .timeline import Analysis, Resume, analyze, breakdown_rows, read_job_events, training_pods
 
 DEFAULT_MANIFEST = REPO / "examples" / "local-tiny.yaml"
 REPORT_NAME = "demo-report.json"
@@ -145,6 +145,13 @@ def _parser() -> argparse.ArgumentParser:
         default=0.3,
         help="preempt once this fraction of the steps is done (default 0.3)",
     )
+    p.add_argument(
+        "--spares",
+        type=int,
+        default=1,
+        help="warm spare workers (spec.workers.spares: started, torch imported, waiting in the rendezvous; one "
+        "more spot node each; default 1; 0 shows a replacement pod starting from scratch)",
+    )
     p.add_argument("--timeout", type=float, default=600, help="give up after this many seconds (default 600)")
     return p
 
@@ -158,6 +165,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.notice < 0 or args.replace_after < 0:
         print("ftjob demo: --notice and --replace-after take seconds >= 0", file=sys.stderr)
+        return 2
+    if not 0 <= args.spares <= 4:
+        print("ftjob demo: --spares takes 0..4", file=sys.stderr)
         return 2
     if not args.manifest.is_file():
         print(
@@ -220,8 +230,11 @@ def _ignore_interrupts_while(fn) -> None:
 
 def run_demo(args, cluster: LocalCluster, console) -> int:
     console.rule("[bold]ftjob demo")
-    console.print(f"starting a local cluster in {cluster.dir} (1 on-demand node, 2 spot nodes, the operator)")
-    cluster.up(nodes=1, spot_nodes=2, operator=True, say=lambda m: console.print(f"  [dim]{m}[/]"))
+    spot = 2 + args.spares  # a node for each worker and each spare: a preemption takes one of them
+    console.print(
+        f"starting a local cluster in {cluster.dir} (1 on-demand node, {spot} spot nodes, the operator)"
+    )
+    cluster.up(nodes=1, spot_nodes=spot, operator=True, say=lambda m: console.print(f"  [dim]{m}[/]"))
     if not cluster.alive("operator"):
         raise DemoError(
             "the operator did not start (ftjob_operator.handlers missing or crashed); see "
@@ -231,13 +244,14 @@ def run_demo(args, cluster: LocalCluster, console) -> int:
     session.install_crd()
     console.print(f"installed the TrainingJob CRD from {CRD_DIR}")
     docs, job = demo_manifests(args.manifest)
+    job["spec"].setdefault("workers", {})["spares"] = args.spares
     name = job["metadata"]["name"]
     session.ns = job["metadata"].get("namespace") or "default"
     steps = int((job["spec"].get("trainer") or {}).get("steps", 100))
     session.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs, sort_keys=False))
     obs = Observations(name, time.time())
     console.print(
-        f"applied {args.manifest} (TrainingJob {name}, {steps} steps; trainer flags "
+        f"applied {args.manifest} (TrainingJob {name}, {steps} steps, {args.spares} warm spare(s); trainer flags "
         f"{job['spec']['trainer']['flags']})"
     )
     status = watch(
@@ -246,6 +260,7 @@ def run_demo(args, cluster: LocalCluster, console) -> int:
         console,
         steps=steps,
         preempt_at=max(1, int(steps * args.preempt_at)),
+        spares=args.spares,
         notice=args.notice,
         replace_after=args.replace_after,
         timeout=args.timeout,
@@ -279,8 +294,10 @@ def watch(
     notice: float,
     replace_after: float,
     timeout: float,
+    spares: int = 0,
 ) -> dict:
-    """Live progress until the job finishes; preempts a worker's node once `preempt_at` steps are done."""
+    """Live progress until the job finishes; preempts a training worker's node once `preempt_at` steps are done
+    (and the warm spares are up)."""
     from rich.live import Live
 
     from .preempt import request_preemption
@@ -325,8 +342,11 @@ def watch(
                     obs.notice_at is None
                     and (sample.step or 0) >= preempt_at
                     and sample.ready >= max(1, sample.desired)
+                    and workers.get("spares", 0) >= spares
                 ):
-                    node = session.node_of_worker(obs.job_name)
+                    # a node with a training worker, never a spare's (its loss would cost training nothing)
+                    training = training_pods(read_job_events(session.cluster.dir, session.ns, obs.job_name))
+                    node = session.node_of_worker(obs.job_name, among=training)
                     if node:
                         request_preemption(session.kube, node, notice=notice, replace_after=replace_after)
                         obs.notice_at, obs.preempted_node = time.time(), node

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 from ftjob_trainer.contract import parse_time
@@ -87,12 +88,14 @@ class Session:
     def events(self) -> list[dict]:
         return self.kube.request("GET", f"/api/v1/namespaces/{self.ns}/events").get("items") or []
 
-    def node_of_worker(self, job: str) -> str | None:
-        """The node of the oldest running worker (a spot node in the examples)."""
+    def node_of_worker(self, job: str, among: Collection[str] | None = None) -> str | None:
+        """The node of the oldest running worker (a spot node in the examples), of the pods `among` if given (those
+        training, say, and not a warm spare)."""
         running = [
             p
             for p in self.pods(job)
             if (p["metadata"].get("labels") or {}).get("ftjob.dev/role") == "worker"
+            and (among is None or p["metadata"]["name"] in among)
             and (p.get("status") or {}).get("phase") == "Running"
             and not p["metadata"].get("deletionTimestamp")
         ]

@@ -123,6 +123,13 @@ def rounds(procs: list[Process]) -> list[Round]:
     return out
 
 
+def training_pods(events: Iterable[Event]) -> list[str]:
+    """The pods training now: those with a process in the newest round that has not exited (a warm spare waiting in
+    the rendezvous has none)."""
+    rs = rounds(processes(events))
+    return sorted({p.pod for p in rs[-1].members if p.at(contract.EVENT_EXIT) is None}) if rs else []
+
+
 # ================================================================================================ recovery
 @dataclass
 class PodRecovery:

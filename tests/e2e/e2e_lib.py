@@ -26,9 +26,9 @@ needs_operator = pytest.mark.skipif(
 )
 
 
-def start_cluster(state: Path) -> Session:
+def start_cluster(state: Path, spot_nodes: int = 2) -> Session:
     cluster = LocalCluster(state)
-    cluster.up(nodes=1, spot_nodes=2, operator=True, say=lambda *_: None)
+    cluster.up(nodes=1, spot_nodes=spot_nodes, operator=True, say=lambda *_: None)
     try:
         assert cluster.alive("operator"), (
             f"the operator did not start; see {cluster.log_dir / 'operator.log'}"

@@ -40,7 +40,7 @@ def test_spec_field_names():
         "scheduling",
         "podTemplate",
     ]
-    assert _fields(api.WorkersSpec) == ["min", "max", "replicas"]
+    assert _fields(api.WorkersSpec) == ["min", "max", "replicas", "spares"]
     assert _fields(api.CheckpointSpec) == [
         "volume",
         "uri",

@@ -89,7 +89,12 @@ def test_elastic_worker_count(min_, max_, replicas, expected):
     assert len(store.names("worker")) == expected
     args = store.pods[store.names("worker")[0]]["spec"]["containers"][0]["args"]
     assert f"--nnodes={min_}:{max_}" in args
-    assert store.status["workers"] == {"desired": expected, "active": expected, "ready": expected}
+    assert store.status["workers"] == {
+        "desired": expected,
+        "active": expected,
+        "ready": expected,
+        "spares": 0,
+    }
     assert store.status["phase"] == "Running"
     assert condition(store.status, "Running")["status"] == "True"
 
@@ -137,3 +142,54 @@ def test_a_pod_on_a_vanished_node_is_force_deleted_once_counted():
     assert not plan(store.observe(), at(19)).of(Delete)
     # No kubelet finishes the graceful delete on a vanished node: remove the object once the grace is over.
     assert Delete("Pod", victim, 0) in plan(store.observe(), at(20)).actions
+
+
+# --- warm spares (spec.workers.spares) --------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("workers", "pods", "counts"),
+    [
+        # spares run beyond max: the status counts them apart, active/ready stop at desired (the scale subresource)
+        ({"min": 2, "max": 2, "spares": 1}, 3, {"desired": 2, "active": 2, "ready": 2, "spares": 1}),
+        ({"min": 1, "max": 2, "spares": 2}, 4, {"desired": 2, "active": 2, "ready": 2, "spares": 2}),
+        # below max a spare would join training (c10d admits up to max): none
+        (
+            {"min": 1, "max": 3, "replicas": 2, "spares": 1},
+            2,
+            {"desired": 2, "active": 2, "ready": 2, "spares": 0},
+        ),
+        ({"min": 2, "max": 2}, 2, {"desired": 2, "active": 2, "ready": 2, "spares": 0}),
+    ],
+)
+def test_warm_spares_run_beyond_max_and_are_counted_apart(workers, pods, counts):
+    store = Store(job(workers=workers))
+    converge(store, NOW)
+    assert len(store.names("worker")) == pods
+    assert store.status["workers"] == counts
+    args = store.pods[store.names("worker")[-1]]["spec"]["containers"][0]["args"]
+    assert f"--nnodes={workers['min']}:{workers['max']}" in args  # a spare is a worker pod like the others
+
+
+def test_a_preempted_worker_with_a_spare_is_replaced_by_a_new_spare_and_counted_once():
+    store = started(expect=3, workers={"min": 2, "max": 2, "spares": 1})
+    lost = store.names("worker")[0]
+    store.preempt(lost)
+    p = plan(store.observe(), NOW)
+    store.apply(p)
+    assert (p.status["preemptions"], p.status["failures"]) == (1, 0)
+    # the spare took the lost worker's place in the rendezvous: the desired workers are there at once
+    assert p.status["workers"] == {"desired": 2, "active": 2, "ready": 2, "spares": 0}
+    assert pods_created(p) == ["tj-worker-4"] and "Replaced" in reasons(p)
+    store.finish_terminating()
+    converge(store, NOW)
+    assert store.status["workers"] == {"desired": 2, "active": 2, "ready": 2, "spares": 1}
+    assert store.status["preemptions"] == 1 and len(store.names("worker")) == 3
+
+
+def test_fewer_spares_retire_the_newest_pods():
+    store = started(expect=4, workers={"min": 2, "max": 2, "spares": 2})
+    store.job["spec"]["workers"]["spares"] = 0
+    p = converge(store, NOW)
+    store.finish_terminating()
+    converge(store, NOW)
+    assert store.names("worker") == ["tj-worker-1", "tj-worker-2"], p
+    assert store.status["workers"]["spares"] == 0

@@ -97,6 +97,16 @@ class WorkersSpec(Model):
         description="replicas is the desired worker count inside min..max, moved by `kubectl scale tj` and HPAs "
         "through the scale subresource; unset means max.",
     )
+    spares: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="spares is how many warm spare worker pods run beyond max: each has started its agent and "
+        "imported torch and the trainer, and waits in the rendezvous (c10d keeps agents beyond max on its "
+        "redundancy list), so a lost worker's place is taken without starting a pod; the operator then starts a "
+        "new spare. Only while the desired count is max (below it a spare would join training). Each holds a "
+        "node: give workers one node each (resources or anti-affinity) so a spare is not lost with a worker.",
+    )
 
     @model_validator(mode="after")
     def _within_bounds(self) -> WorkersSpec:
@@ -112,6 +122,11 @@ class WorkersSpec(Model):
     @property
     def desired(self) -> int:
         return self.max if self.replicas is None else self.replicas
+
+    @property
+    def pods(self) -> int:
+        """Worker pods the operator keeps: the desired count, and the spares while that count is max."""
+        return self.desired + (self.spares if self.desired == self.max else 0)
 
 
 class PersistentVolumeClaimRef(Model):

@@ -46,8 +46,12 @@ class WorkersStatus(StatusModel):
     """Worker counts."""
 
     desired: int = Field(0, description="desired is the worker count the operator keeps (replicas or max).")
-    active: int = Field(0, description="active is worker pods that exist and are not lost.")
-    ready: int = Field(0, description="ready is active workers that are running.")
+    active: int = Field(0, description="active is worker pods that exist and are not lost, up to desired.")
+    ready: int = Field(0, description="ready is active workers that are running, up to desired.")
+    spares: int = Field(
+        0,
+        description="spares is worker pods beyond desired: warm spares waiting in the rendezvous (spec.workers.spares).",
+    )
 
 
 class CheckpointStatus(StatusModel):

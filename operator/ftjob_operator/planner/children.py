@@ -104,15 +104,16 @@ def _ensure_coordinator(ctx: Context) -> None:
 
 
 def _ensure_workers(ctx: Context, cluster_ip: str, first: bool, lost_now: list[str]) -> None:
-    """Scale to spec.workers.desired: new names up; newest first down (retired now, deleted next pass)."""
+    """Scale to spec.workers.pods (the desired count, plus warm spares at max): new names up; newest first down
+    (retired now, deleted next pass). Which pods train and which wait as spares is the rendezvous's choice."""
     spec, ref, gen = ctx.spec, ctx.ref, ctx.st.operator.restart_generation
     retired = set(ctx.st.operator.retired_pods)
     workers = [p for p in ctx.alive(render.ROLE_WORKER) if pod_name(p) not in retired]
     have = len(workers) + len([n for n in ctx.st.operator.pending_pods if ctx.is_worker_name(n)])
-    desired = spec.workers.desired
-    if have < desired:
+    wanted = spec.workers.pods
+    if have < wanted:
         created = []
-        for _ in range(desired - have):
+        for _ in range(wanted - have):
             index = _next_index(ctx)
             _create(
                 ctx,
@@ -128,17 +129,15 @@ def _ensure_workers(ctx: Context, cluster_ip: str, first: bool, lost_now: list[s
         elif ctx.prev.phase == "Restarting" or ctx.prev.operator.backoff_until:
             ctx.event(cond.NORMAL, cond.REASON_RESTARTED, f"restart generation {gen}: {', '.join(created)}")
         else:
-            ctx.event(
-                cond.NORMAL, cond.REASON_SCALED_UP, f"{have} -> {desired} workers: {', '.join(created)}"
-            )
-    elif have > desired:
+            ctx.event(cond.NORMAL, cond.REASON_SCALED_UP, f"{have} -> {wanted} workers: {', '.join(created)}")
+    elif have > wanted:
         # Scale down: newest first (the oldest have been in the rendezvous longest). Retire now, delete next pass.
-        names = [pod_name(p) for p in sorted(workers, key=pod_index, reverse=True)[: have - desired]]
+        names = [pod_name(p) for p in sorted(workers, key=pod_index, reverse=True)[: have - wanted]]
         ctx.st.operator.retired_pods += names
         if names:
             ctx.event(
                 cond.NORMAL,
                 cond.REASON_SCALED_DOWN,
-                f"{have} -> {desired} workers: removing {', '.join(names)}",
+                f"{have} -> {wanted} workers: removing {', '.join(names)}",
             )
             ctx.requeue_in(FOLLOW_UP_SECONDS)

@@ -94,7 +94,12 @@ def _count_pods(ctx: Context, ending: Ending) -> bool:
     coordinators = ctx.alive(render.ROLE_COORDINATOR)
     ready = sum(map(pod_ready, workers))
     desired = ctx.spec.workers.desired if ctx.spec else ctx.st.workers.desired
-    ctx.st.workers = api.WorkersStatus(desired=desired, active=len(workers), ready=ready)
+    # Pods beyond the desired count are warm spares (spec.workers.spares), whichever of them the rendezvous left out.
+    spares = max(0, len(workers) - desired)
+    ready = min(ready, desired)
+    ctx.st.workers = api.WorkersStatus(
+        desired=desired, active=len(workers) - spares, ready=ready, spares=spares
+    )
     # Only pods still listed need remembering: a name never comes back.
     ctx.st.operator.retired_pods = [
         n for n in ctx.st.operator.retired_pods if n in ctx.by_name or n not in ctx.prev.operator.retired_pods
