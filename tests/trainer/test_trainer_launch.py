@@ -87,6 +87,39 @@ def test_python_programs_become_warm_workers_and_others_stay_torchruns():
     assert (cfg.start_method, entry, args) == ("spawn", "/app/trainer-binary", ["--steps", "3"])
 
 
+def test_an_older_torchrun_gets_no_shutdown_flag_and_its_agent_closes_workers_within_it(monkeypatch):
+    import argparse
+
+    from torch.distributed.elastic.multiprocessing import api as processes
+
+    argv = [
+        "--nnodes=1:2",
+        "--shutdown-timeout=27",
+        "--local-addr=x",
+        "-m",
+        "ftjob_trainer.train",
+        "--shutdown-timeout=5",
+    ]
+    # torchrun's own flag goes; the program's argument of the same name stays
+    assert launch.without_shutdown_flag(argv) == (
+        ["--nnodes=1:2", "--local-addr=x", "-m", "ftjob_trainer.train", "--shutdown-timeout=5"],
+        27,
+    )
+    assert launch.without_shutdown_flag(["--standalone", "/app/x.py", "--shutdown-timeout=3"])[1] is None
+    old = argparse.ArgumentParser()
+    old.add_argument("--max-restarts")
+    assert not launch.knows_flag(old, "--shutdown-timeout") and launch.knows_flag(old, "--max-restarts")
+
+    seen = []
+    monkeypatch.setattr(
+        processes.PContext, "close", lambda self, death_sig=None, timeout=30: seen.append(timeout)
+    )
+    assert launch.close_workers_within(27)
+    processes.PContext.close(object())  # as the agent calls it: no timeout given
+    processes.PContext.close(object(), None, 5)  # a timeout given stays
+    assert seen == [27, 5]
+
+
 def test_a_worker_exit_is_logged_without_the_agents_traceback_and_other_errors_keep_theirs():
     import torch.multiprocessing as mp
 

@@ -23,6 +23,10 @@ most once a second while they wait for a round to form, so the last one to learn
 second late. Here they read it every POLL_SECONDS_PER_NODE x max nodes seconds, 0.1 s to c10d's 1 s, and only while
 a round forms (the membership checks during training keep c10d's 1 s).
 
+torch < 2.12's torchrun has no --shutdown-timeout (its agent gives workers a fixed 30 s after it forwards a stop
+signal, before SIGKILL): there the launcher drops the flag and gives the agent's close of its workers that timeout
+instead, so the operator's save deadline holds on the GPU image's torch 2.11 too.
+
 These reach into torchrun's internals (its config_from_args, the rendezvous registry, c10d's exit operation, its
 poll delay and state cache); each is feature-detected and leaves torchrun's plain behaviour where a torch version
 lacks what it uses.
@@ -207,6 +211,50 @@ def leave_all(handlers: list, why: str) -> None:
             log.info("stopped by %s: left the rendezvous in %.3fs", why, time.monotonic() - started)
 
 
+# ================================================================================================ older torchruns
+SHUTDOWN_FLAGS = ("--shutdown-timeout=", "--shutdown_timeout=")
+
+
+def agent_flags_end(argv: list[str]) -> int:
+    """Where torchrun's own flags end: at the program (`-m`/`--module` or the first word that is no flag). The
+    operator renders every flag as --flag=value, so a word without a dash is the program."""
+    return next(
+        (i for i, a in enumerate(argv) if a in ("-m", "--module") or not a.startswith("-")), len(argv)
+    )
+
+
+def without_shutdown_flag(argv: list[str]) -> tuple[list[str], int | None]:
+    """argv without torchrun's --shutdown-timeout=N (the program's own arguments untouched), and N."""
+    end = agent_flags_end(argv)
+    found = [a for a in argv[:end] if a.startswith(SHUTDOWN_FLAGS)]
+    if not found:
+        return argv, None
+    seconds = int(found[-1].split("=", 1)[1])
+    return [a for a in argv[:end] if not a.startswith(SHUTDOWN_FLAGS)] + argv[end:], seconds
+
+
+def knows_flag(parser: Any, flag: str) -> bool:
+    return any(flag in action.option_strings for action in parser._actions)
+
+
+def close_workers_within(seconds: int) -> bool:
+    """The agent's close of its workers (on a stop signal, and before a restart) waits `seconds` before SIGKILL
+    instead of torch's fixed 30; False where this torch's close takes no timeout."""
+    import inspect
+
+    from torch.distributed.elastic.multiprocessing import api as processes
+
+    close = processes.PContext.close
+    if "timeout" not in inspect.signature(close).parameters:
+        return False
+
+    def close_within(self: Any, death_sig: Any = None, timeout: float = seconds) -> None:
+        close(self, death_sig, timeout)
+
+    processes.PContext.close = close_within
+    return True
+
+
 # ================================================================================================ main
 def _log_to_stderr() -> None:
     handler = logging.StreamHandler(sys.stderr)
@@ -226,6 +274,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     from torch.distributed.elastic.rendezvous import registry
 
     _log_to_stderr()
+    if not knows_flag(torchrun.get_args_parser(), "--shutdown-timeout"):
+        argv, seconds = without_shutdown_flag(argv)
+        if seconds is not None:
+            kept = close_workers_within(seconds)
+            log.info(
+                "this torchrun has no --shutdown-timeout: %s",
+                f"its agent's close waits {seconds}s" if kept else "workers get torchrun's fixed 30s",
+            )
     if warm and hasattr(torchrun, "config_from_args"):
         torchrun.config_from_args = warm_config(torchrun.config_from_args)
         getattr(processes, "logger", logging.getLogger(processes.__name__)).addFilter(
