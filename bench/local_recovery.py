@@ -295,7 +295,8 @@ def markdown(res: dict) -> str:
         "## Local cluster: recovery after a preemption (`bench/local_recovery.py`)",
         "",
         f"{res['date']}; {res['machine']}.",
-        f"Job: {res['job']['manifest']} (tiny model, CPU), {res['job']['steps']} steps, 2:2 workers, notice "
+        f"Job: {res['job']['manifest']} (tiny model, CPU), {res['job']['steps']} steps, 2:2 workers, "
+        f"{res['job'].get('spares', 0)} warm spare(s), notice "
         f"{res['job']['notice_s']:g} s, replacement node after {res['job']['replace_after_s']:g} s. "
         f"Phase {res['phase']}, {res['preemptions']} preemption(s), {res['failures']} failure(s), "
         f"lost steps {res['lost_steps']} (trained twice {res['trained_twice']}, skipped {res['skipped']}).",
