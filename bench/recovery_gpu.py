@@ -55,6 +55,11 @@ PROFILES = {
 }
 
 
+# What starts the workers: ftjob's launcher, as the operator renders a worker pod (torchrun's agent with workers
+# forked from an interpreter that imported torch already), or torchrun itself (the baseline).
+LAUNCHERS = {"ftjob": "ftjob_trainer.launch", "torchrun": "torch.distributed.run"}
+
+
 class OverBudget(Exception):
     """A phase ran out of its time budget; the message says what it was waiting for."""
 
@@ -110,7 +115,7 @@ class Bench:
         argv = [
             sys.executable,
             "-m",
-            "torch.distributed.run",
+            LAUNCHERS[a.launcher],
             "--standalone",
             f"--nproc-per-node={a.nproc}",
             f"--max-restarts={restarts}",
@@ -355,6 +360,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="FLAG=VALUE",
         help="extra trainer flag; repeatable",
     )
+    p.add_argument(
+        "--launcher",
+        default="ftjob",
+        choices=sorted(LAUNCHERS),
+        help="ftjob: python -m ftjob_trainer.launch, as worker pods run (default); torchrun: torch's own",
+    )
     p.add_argument("--warm-cache", action="store_true", help="replacements: keep the page cache (no drop)")
     p.add_argument("--workdir", type=Path, default=None, help="checkpoints and probes (default: a temp dir)")
     a = p.parse_args(argv)
@@ -410,6 +421,7 @@ def main(argv: list[str] | None = None) -> int:
                 "signal_after",
                 "trainer_flag",
                 "probe_mb",
+                "launcher",
             )
         }
         | {

@@ -33,6 +33,7 @@ def test_recovery_bench_smoke_breaks_down_each_path(procs, tmp_path):
     doc = json.loads((out / "results.json").read_text())
     # on a CPU the compile path only runs when asked for
     assert list(doc["phases"]) == ["limits", "replacement", "survivor"]
+    assert doc["config"]["launcher"] == "ftjob"  # as worker pods run (python -m ftjob_trainer.launch)
 
     limits = doc["phases"]["limits"]
     medium = limits["checkpoint_medium"]
