@@ -110,7 +110,7 @@ def test_validation_errors_read_as_fix_it_lines():
 def test_model_presets_are_the_trainers():
     from ftjob_trainer.models import PRESETS
 
-    assert set(api.spec.MODEL_PRESETS) == set(PRESETS)
+    assert set(api.trainer.MODEL_PRESETS) == set(PRESETS)
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,20 @@ PLANNER_LAYERS = [
     "reconcile",
     "__init__",
 ]
-API_LAYERS = ["base", "reserved", "spec", "status", "job", "checks", "__init__"]
+API_LAYERS = [
+    "base",
+    "reserved",
+    "workers",
+    "checkpoint",
+    "recovery",
+    "trainer",
+    "pods",
+    "spec",
+    "status",
+    "job",
+    "checks",
+    "__init__",
+]
 
 
 def _tree(package: str, module: str) -> ast.Module:

@@ -5,8 +5,10 @@ them. Every field's description starts with its JSON name (JobSet's habit). Kube
 passes through (resources, tolerations, affinity, env, volumes, securityContext) stay free-form objects, marked
 with `x-kubernetes-preserve-unknown-fields`; what ftjob itself reads is modelled and validated here.
 
-The package by concern: `base` (names, base models), `spec`, `status`, `job` (the whole object, parsers),
-`reserved` (what ftjob sets in every pod) and `checks` (what the schema cannot express). Import from here.
+The package by concern: `base` (names, base models, schema helpers), `reserved` (what ftjob sets in every pod),
+the spec's sub-objects (`workers`, `checkpoint`, `recovery`: preemption, failure policy and rendezvous, `trainer`,
+`pods`: scheduling and pod template), `spec` (the whole spec), `status`, `job` (the whole object, parsers) and
+`checks` (what the schema cannot express). Import from here.
 """
 
 from .base import (
@@ -24,6 +26,14 @@ from .base import (
     SINGULAR,
     VERSION,
 )
+from .checkpoint import (
+    CheckpointSpec,
+    CheckpointVolume,
+    EmptyDirRef,
+    HostPathRef,
+    MemoryTierSpec,
+    PersistentVolumeClaimRef,
+)
 from .checks import spec_problems, validation_problems
 from .job import (
     LABEL_SELECTOR_PATH,
@@ -33,23 +43,9 @@ from .job import (
     parse_spec,
     parse_status,
 )
-from .spec import (
-    CheckpointSpec,
-    CheckpointVolume,
-    EmptyDirRef,
-    FailurePolicySpec,
-    HostPathRef,
-    MemoryTierSpec,
-    PersistentVolumeClaimRef,
-    PodTemplateSpec,
-    PreemptionSpec,
-    RendezvousSpec,
-    SchedulingRoles,
-    SchedulingSpec,
-    TrainerSpec,
-    TrainingJobSpec,
-    WorkersSpec,
-)
+from .pods import PodTemplateSpec, SchedulingRoles, SchedulingSpec
+from .recovery import FailurePolicySpec, PreemptionSpec, RendezvousSpec
+from .spec import TrainingJobSpec
 from .status import (
     CONDITION_TYPES,
     FINISHED_PHASES,
@@ -72,6 +68,8 @@ from .status import (
     has_legacy_bookkeeping,
     with_legacy_bookkeeping,
 )
+from .trainer import TrainerSpec
+from .workers import WorkersSpec
 
 __all__ = [
     "API_VERSION",

@@ -38,6 +38,9 @@ _DECIMAL = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
 QUANTITY_PATTERN = rf"^{_DECIMAL}(?:[KMGTPE]i|[mkMGTPE]|[eE][+-]?{_DECIMAL})?$"
 # The largest integer JSON carries exactly (2^53): the API server refuses an integer field's number above it.
 MAX_SAFE_INT = 2**53
+# Sane maxima for counts and durations (a step count of 1e30 is a typo, not a plan).
+MAX_STEPS = 10**12
+MAX_SECONDS = 10 * 365 * 86400
 
 PRESERVE = {"x-kubernetes-preserve-unknown-fields": True}
 FREE_OBJECT: dict[str, Any] = {"type": "object", **PRESERVE}
@@ -46,6 +49,11 @@ FREE_OBJECT: dict[str, Any] = {"type": "object", **PRESERVE}
 def cel_rules(*rules: tuple[str, str]) -> dict[str, Any]:
     """CEL rules for `x-kubernetes-validations`: (rule, message) pairs."""
     return {"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]}
+
+
+def cel_list(names: frozenset[str] | tuple[str, ...]) -> str:
+    """A CEL list literal of names, sorted so the generated CRD is stable."""
+    return "[" + ", ".join(f"'{n}'" for n in sorted(names)) + "]"
 
 
 def sub_object(model: type[BaseModel], description: str) -> Any:
