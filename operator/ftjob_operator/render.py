@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ftjob_trainer import contract
 
-from . import api
+from . import api, placement
 
 # The volume and env names every pod gets live in api.reserved, where the spec checks refuse them.
 from .api.reserved import (
@@ -216,13 +217,14 @@ def _token_env(ref: JobRef) -> dict[str, Any]:
     }
 
 
-def _scheduling(pod_spec: dict[str, Any], scheduling: api.SchedulingSpec) -> None:
+def _scheduling(pod_spec: dict[str, Any], scheduling: api.SchedulingSpec, affinity: dict | None) -> None:
+    """The role's spec.scheduling; `affinity` is its affinity with ftjob's terms added (placement.py)."""
     if scheduling.node_selector:
         pod_spec["nodeSelector"] = dict(scheduling.node_selector)
     if scheduling.tolerations:
         pod_spec["tolerations"] = [dict(t) for t in scheduling.tolerations]
-    if scheduling.affinity:
-        pod_spec["affinity"] = dict(scheduling.affinity)
+    if affinity:
+        pod_spec["affinity"] = affinity
     if scheduling.priority_class_name:
         pod_spec["priorityClassName"] = scheduling.priority_class_name
 
@@ -266,10 +268,12 @@ def _pod_labels_with_template(spec: api.TrainingJobSpec, labels: dict[str, str])
 
 
 def render_coordinator_pod(
-    ref: JobRef, spec: api.TrainingJobSpec, *, index: int, generation: int
+    ref: JobRef, spec: api.TrainingJobSpec, *, index: int, generation: int, avoid_nodes: Sequence[str] = ()
 ) -> dict[str, Any]:
+    """`avoid_nodes`: nodes going away (placement.py), never chosen for this pod."""
     pod_spec = _pod_common(spec)
-    _scheduling(pod_spec, spec.scheduling.coordinator)
+    role = spec.scheduling.coordinator
+    _scheduling(pod_spec, role, placement.pod_affinity(role.affinity, avoid_nodes=avoid_nodes))
     container: dict[str, Any] = {
         "name": COORDINATOR_CONTAINER,
         "image": _image(spec),
@@ -399,8 +403,15 @@ def checkpoint_dir(ref: JobRef, spec: api.TrainingJobSpec) -> str:
 
 
 def render_worker_pod(
-    ref: JobRef, spec: api.TrainingJobSpec, *, index: int, generation: int, coordinator_ip: str
+    ref: JobRef,
+    spec: api.TrainingJobSpec,
+    *,
+    index: int,
+    generation: int,
+    coordinator_ip: str,
+    avoid_nodes: Sequence[str] = (),
 ) -> dict[str, Any]:
+    """`avoid_nodes`: nodes going away (placement.py); spec.scheduling.spread keeps the generation's workers apart."""
     if not coordinator_ip:
         raise ValueError(
             "render_worker_pod needs the coordinator Service's clusterIP (wait until it is assigned)"
@@ -449,7 +460,12 @@ def render_worker_pod(
     if spec.resources:
         container["resources"] = dict(spec.resources)
     pod_spec = _pod_common(spec)
-    _scheduling(pod_spec, spec.scheduling.workers)
+    role = spec.scheduling.workers
+    peers = {LABEL_JOB_NAME: ref.name, LABEL_ROLE: ROLE_WORKER, LABEL_RESTART_GENERATION: str(generation)}
+    affinity = placement.pod_affinity(
+        role.affinity, spread=spec.scheduling.spread, selector=peers, avoid_nodes=avoid_nodes
+    )
+    _scheduling(pod_spec, role, affinity)
     pod_spec["terminationGracePeriodSeconds"] = t.grace_period_seconds
     pod_spec["containers"] = [container]
     pod_spec["volumes"] = [

@@ -62,6 +62,7 @@ def test_spec_field_names():
         "jitter",
     ]
     assert _fields(api.SchedulingSpec) == ["nodeSelector", "tolerations", "affinity", "priorityClassName"]
+    assert _fields(api.SchedulingRoles) == ["workers", "coordinator", "spread"]
     assert _fields(api.PodTemplateSpec) == [
         "labels",
         "annotations",

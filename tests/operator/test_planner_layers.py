@@ -32,6 +32,7 @@ API_LAYERS = [
     "checkpoint",
     "recovery",
     "trainer",
+    "spread",
     "pods",
     "spec",
     "status",

@@ -7,7 +7,7 @@ with `x-kubernetes-preserve-unknown-fields`; what ftjob itself reads is modelled
 
 The package by concern: `base` (names, base models, schema helpers), `reserved` (what ftjob sets in every pod),
 the spec's sub-objects (`workers`, `checkpoint`, `recovery`: preemption, failure policy and rendezvous, `trainer`,
-`pods`: scheduling and pod template), `spec` (the whole spec), `status`, `job` (the whole object, parsers) and
+`spread`: spec.scheduling.spread, `pods`: scheduling and pod template), `spec` (the whole spec), `status`, `job` (the whole object, parsers) and
 `checks` (what the schema cannot express). Import from here.
 """
 
@@ -46,6 +46,7 @@ from .job import (
 from .pods import PodTemplateSpec, SchedulingRoles, SchedulingSpec
 from .recovery import FailurePolicySpec, PreemptionSpec, RendezvousSpec
 from .spec import TrainingJobSpec
+from .spread import SPREAD_MODES, SPREAD_NONE, SPREAD_PREFERRED, SPREAD_REQUIRED, Spread
 from .status import (
     CONDITION_TYPES,
     FINISHED_PHASES,
@@ -89,6 +90,10 @@ __all__ = [
     "PLURAL",
     "PRESERVE",
     "SHORT_NAMES",
+    "SPREAD_MODES",
+    "SPREAD_NONE",
+    "SPREAD_PREFERRED",
+    "SPREAD_REQUIRED",
     "SINGULAR",
     "SPEC_REPLICAS_PATH",
     "STATUS_REPLICAS_PATH",
@@ -115,6 +120,7 @@ __all__ = [
     "RendezvousSpec",
     "SchedulingRoles",
     "SchedulingSpec",
+    "Spread",
     "TrainerRunStatus",
     "TrainerSpec",
     "TrainingJob",

@@ -9,6 +9,7 @@ from pydantic import Field
 
 from .base import Model, cel_list, cel_rules, free_list, free_object, sub_object
 from .reserved import RESERVED_ENV, RESERVED_VOLUMES, SHM_PATH, SHM_VOLUME
+from .spread import Spread, spread_field
 
 # Cardinality bounds of the pass-through lists: the API server bounds the cost of CEL rules by them.
 MAX_ENV = 256
@@ -57,6 +58,7 @@ class SchedulingRoles(Model):
     coordinator: SchedulingSpec = sub_object(
         SchedulingSpec, "coordinator is the scheduling of the coordinator pod."
     )
+    spread: Spread = spread_field()
 
 
 class PodTemplateSpec(Model):

@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import conditions as cond
 from .. import network_policy, render
+from . import preemption
 from .context import FOLLOW_UP_SECONDS, Context, Create
 from .observed import pod_index, pod_name, pod_role
 
@@ -31,6 +32,11 @@ def _next_index(ctx: Context) -> int:
     index = max([ctx.st.operator.next_pod_index, ctx.max_index + 1] + [i + 1 for i in pending])
     ctx.st.operator.next_pod_index = index + 1
     return index
+
+
+def _avoid(ctx: Context) -> list[str]:
+    """Nodes a new pod must not land on: going away (termination taint) or being drained (cordoned)."""
+    return preemption.nodes_going_away(ctx.nodes)
 
 
 def _create(ctx: Context, manifest: dict[str, Any]) -> None:
@@ -79,10 +85,13 @@ def _reissue_pending(ctx: Context, cluster_ip: str) -> None:
     for name in list(ctx.st.operator.pending_pods):
         index = int(name.rsplit("-", 1)[1])
         if name == render.coordinator_name(ref.name, index):
-            ctx.actions.append(Create(render.render_coordinator_pod(ref, spec, index=index, generation=gen)))
+            coordinator = render.render_coordinator_pod(
+                ref, spec, index=index, generation=gen, avoid_nodes=_avoid(ctx)
+            )
+            ctx.actions.append(Create(coordinator))
         else:
             worker = render.render_worker_pod(
-                ref, spec, index=index, generation=gen, coordinator_ip=cluster_ip
+                ref, spec, index=index, generation=gen, coordinator_ip=cluster_ip, avoid_nodes=_avoid(ctx)
             )
             ctx.actions.append(Create(worker))
 
@@ -95,7 +104,11 @@ def _ensure_coordinator(ctx: Context) -> None:
     _create(
         ctx,
         render.render_coordinator_pod(
-            ctx.ref, ctx.spec, index=index, generation=ctx.st.operator.restart_generation
+            ctx.ref,
+            ctx.spec,
+            index=index,
+            generation=ctx.st.operator.restart_generation,
+            avoid_nodes=_avoid(ctx),
         ),
     )
     if any(pod_role(p) == render.ROLE_WORKER for p in ctx.current):
@@ -117,7 +130,9 @@ def _ensure_workers(ctx: Context, cluster_ip: str, first: bool, lost_now: list[s
             index = _next_index(ctx)
             _create(
                 ctx,
-                render.render_worker_pod(ref, spec, index=index, generation=gen, coordinator_ip=cluster_ip),
+                render.render_worker_pod(
+                    ref, spec, index=index, generation=gen, coordinator_ip=cluster_ip, avoid_nodes=_avoid(ctx)
+                ),
             )
             created.append(render.worker_name(ref.name, index))
         if first:

@@ -22,6 +22,7 @@ from .observed import (
     pod_index,
     pod_name,
     pod_node,
+    pod_ready,
     pod_role,
     pod_succeeded,
 )
@@ -179,6 +180,11 @@ class Context:
             for p in self.current
             if pod_role(p) == role and loss_of(p, self.nodes) is None and not pod_succeeded(p)
         ]
+
+    def placed_ready(self, pod: dict[str, Any]) -> bool:
+        """Ready, on a node that is not NotReady: a pod whose node stopped reporting counts as placed no more
+        (nor as lost: the node may come back; the node lifecycle controller evicts it if not)."""
+        return pod_ready(pod) and not self.nodes.not_ready(pod_node(pod))
 
     def live_pods(self) -> list[dict[str, Any]]:
         return self.alive(render.ROLE_WORKER) + self.alive(render.ROLE_COORDINATOR)

@@ -72,6 +72,23 @@ class Nodes:
         node = self.by_name.get(name or "")
         return [t.get("key") for t in ((node or {}).get("spec") or {}).get("taints") or []]
 
+    def cordoned(self, name: str) -> bool:
+        """spec.unschedulable: `kubectl cordon`, and the first step of `kubectl drain`."""
+        return bool((self.by_name.get(name) or {}).get("spec", {}).get("unschedulable"))
+
+    def not_ready(self, name: str | None) -> bool:
+        """The node is known and its Ready condition is False or Unknown (a kubelet that stopped reporting)."""
+        node = self.by_name.get(name or "")
+        ready = next(
+            (
+                c
+                for c in ((node or {}).get("status") or {}).get("conditions") or []
+                if c.get("type") == "Ready"
+            ),
+            None,
+        )
+        return ready is not None and ready.get("status") != "True"
+
 
 # --- reading a pod ---------------------------------------------------------------------------------------------
 def _labels(obj: dict[str, Any]) -> dict[str, str]:

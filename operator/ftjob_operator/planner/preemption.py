@@ -76,6 +76,11 @@ def termination_taint(nodes: Nodes, node: str | None) -> str | None:
     return next((key for key in nodes.taint_keys(node) if key in known), None)
 
 
+def nodes_going_away(nodes: Nodes) -> list[str]:
+    """Nodes no new pod of the job should land on: a termination taint or cordoned (placement.py says why by name)."""
+    return sorted(n for n in nodes.by_name if termination_taint(nodes, n) or nodes.cordoned(n))
+
+
 def notice_of(pod: dict[str, Any], nodes: Nodes) -> str | None:
     """Why this pod is about to be stopped from outside, or None."""
     if any(c.get("type") == "DisruptionTarget" and c.get("status") == "True" for c in pod_conditions(pod)):

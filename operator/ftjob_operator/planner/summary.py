@@ -11,7 +11,7 @@ from .. import api, render
 from .. import conditions as cond
 from . import preemption, progress
 from .context import POLL_SECONDS, Context, Ending
-from .observed import pod_name, pod_ready
+from .observed import pod_name
 
 # Endings whose pods are counted here; the others leave the counts alone (invalid, deleting) or count their own
 # way (finished, suspended).
@@ -77,7 +77,9 @@ def _count_finished(ctx: Context) -> None:
 
 def _count_suspended(ctx: Context, ending: Ending) -> None:
     workers = ctx.alive(render.ROLE_WORKER)
-    ctx.st.workers = api.WorkersStatus(desired=0, active=len(workers), ready=sum(map(pod_ready, workers)))
+    ctx.st.workers = api.WorkersStatus(
+        desired=0, active=len(workers), ready=sum(map(ctx.placed_ready, workers))
+    )
     if ending is Ending.SUSPENDED:
         ctx.st.operator.known_pods = []
 
@@ -92,7 +94,7 @@ def _count_pods(ctx: Context, ending: Ending) -> bool:
     retired = set(ctx.st.operator.retired_pods)
     workers = [p for p in ctx.alive(render.ROLE_WORKER) if pod_name(p) not in retired]
     coordinators = ctx.alive(render.ROLE_COORDINATOR)
-    ready = sum(map(pod_ready, workers))
+    ready = sum(map(ctx.placed_ready, workers))
     desired = ctx.spec.workers.desired if ctx.spec else ctx.st.workers.desired
     # Pods beyond the desired count are warm spares (spec.workers.spares), whichever of them the rendezvous left out.
     spares = max(0, len(workers) - desired)
@@ -108,7 +110,7 @@ def _count_pods(ctx: Context, ending: Ending) -> bool:
     ctx.st.operator.known_pods = [pod_name(p) for p in workers + coordinators]
     if ending is not Ending.FROM_PODS or _restart_backing_off(ctx):
         return False
-    coordinator_ready = any(pod_ready(p) for p in coordinators)
+    coordinator_ready = any(map(ctx.placed_ready, coordinators))
     if coordinator_ready and ready >= ctx.spec.workers.min:
         ctx.condition(cond.RUNNING, cond.TRUE, cond.REASON_TRAINING, f"{ready}/{desired} workers running")
         if cond.is_true(ctx.conds, cond.RESTARTING):
