@@ -136,7 +136,7 @@ def test_status_merge_patch_sets_and_removes_fields_and_leaves_the_spec(kubeconf
         "apiVersion": "ftjob.dev/v1alpha1",
         "kind": "TrainingJob",
         "metadata": {"name": "st"},
-        "spec": {"image": "img"},
+        "spec": {"image": "img", "workers": {}},
     }
 
     async def go(kube: Kube):

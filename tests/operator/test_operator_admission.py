@@ -23,8 +23,14 @@ def kube(tmp_path_factory):
         yield kubectl
 
 
+class AsIs(dict):
+    """A spec sent exactly as written (the others get the required `workers: {}` unless they set workers)."""
+
+
 def job(spec: object = ..., name: str = "bad-job") -> str:
     doc: dict = {"apiVersion": "ftjob.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name}}
+    if isinstance(spec, dict) and not isinstance(spec, AsIs):
+        spec = {"workers": {}, **spec}
     if spec is not ...:
         doc["spec"] = spec
     return json.dumps(doc)
@@ -113,6 +119,11 @@ REFUSED = {
     # required sub-objects
     "empty command": ({"command": []}, ["spec.command", "should have at least 1 items"]),
     "no spec": (..., ["spec: Required value"]),
+    "empty spec": (AsIs(), ["spec.workers: Required value"]),
+    "spec without workers": (
+        AsIs(image="trainer:1", trainer={"steps": 10}),
+        ["spec.workers: Required value"],
+    ),
     "null spec": (None, ["spec: Required value"]),
     "checkpoint volume without a source": (
         {"checkpoint": {"volume": {}}},
@@ -125,7 +136,7 @@ REFUSED = {
 }
 
 ACCEPTED = {
-    "empty spec: every field has a default (image: the operator's)": {},
+    "workers only: every other field has a default (image: the operator's)": AsIs(workers={}),
     "integral float steps (as the API server reads JSON numbers)": {"trainer": {"steps": 5.0}},
     "hf: model": {"trainer": {"model": "hf:Qwen/Qwen2.5-0.5B"}},
     "each preset": {"trainer": {"model": "1b"}},

@@ -126,18 +126,21 @@ def test_every_field_has_a_description_starting_with_its_json_name(part):
 
 def test_defaults_are_in_the_schema():
     spec = schema()["properties"]["spec"]["properties"]
-    assert spec["workers"]["default"] == {} and spec["workers"]["properties"]["min"]["default"] == 1
+    # workers is the one required sub-object (an empty spec is refused); inside it every field has a default
+    assert "default" not in spec["workers"] and spec["workers"]["properties"]["min"]["default"] == 1
     assert spec["preemption"]["properties"]["gracePeriodSeconds"]["default"] == 30
     # no schema default for volume (it would collide with uri): unset, and no uri, the operator mounts an emptyDir
     assert "default" not in spec["checkpoint"]["properties"]["volume"]
     from ftjob_operator import api
 
-    assert api.parse_spec({}).checkpoint.storage_volume.empty_dir is not None
-    assert api.parse_spec({"checkpoint": {"uri": "s3://b/p"}}).checkpoint.storage_volume is None
+    assert api.parse_spec({"workers": {}}).checkpoint.storage_volume.empty_dir is not None
+    assert (
+        api.parse_spec({"workers": {}, "checkpoint": {"uri": "s3://b/p"}}).checkpoint.storage_volume is None
+    )
     assert "maxPreemptions" not in spec["preemption"].get("required", [])
     assert "default" not in spec["preemption"]["properties"]["maxPreemptions"]  # unset = unlimited
-    # spec.image may be unset (the operator's default trainer image): nothing in spec is required.
-    assert "required" not in schema()["properties"]["spec"]
+    # spec.image may be unset (the operator's default trainer image); spec.workers is all that is required.
+    assert schema()["properties"]["spec"]["required"] == ["workers"]
     assert "default" not in schema()["properties"]["spec"]["properties"]["image"]
 
 

@@ -48,7 +48,11 @@ class TrainingJobSpec(Model):
         json_schema_extra={"minItems": 1},
     )
     args: list[str] | None = Field(None, description="args are appended after command.")
-    workers: WorkersSpec = sub_object(WorkersSpec, "workers is the elastic worker count.")
+    # Required, like a Job's template: an empty spec says nothing about the job and is refused at the door.
+    workers: WorkersSpec = Field(
+        ...,
+        description="workers is the elastic worker count (required; `workers: {}` is one worker).",
+    )
     processes_per_worker: int = Field(
         1, ge=1, le=64, description="processesPerWorker is ranks per worker pod (torchrun --nproc-per-node)."
     )
