@@ -13,7 +13,8 @@ Modules, top to bottom (each imports only modules below it; no cycles):
 - `objects` (the object core: create/get/update/patch, resourceVersion, generation, status) over `deletion`
   (graceful deletion, finalizers, ownerReference garbage collection, namespaces) and `admission` (the table of
   per-type admission: `admission_core` for pods/services/namespaces/secrets, `admission_crd`; `validation`);
-- the bottom: `store` (sqlite persistence, resourceVersions, watch history), `resources` (built-in types, CRD
+- the bottom: `store` (sqlite persistence in batched commits, resourceVersions, indexes by namespace, label and
+  field, watch history per kind), `resources` (built-in types, CRD
   registry), `schema` (structural schemas and CEL), `patch` (merge, JSON and strategic merge patch), `selectors`,
   `tables` (server-side printing), `openapi` (v3 documents), `auth` (tokens, RBAC, access reviews), `protobuf` (the
   few protobuf bodies typed client-go clients send), `wire` (JSON responses, bodies, errors as Status), `errors`.

@@ -13,7 +13,7 @@ from typing import Any
 
 from .auth import Tokens
 from .errors import ApiError, FieldError, bad_request, invalid
-from .resources import SA_KEY, SVC_KEY, ResourceType
+from .resources import CLUSTER_IP_FIELD, SA_KEY, SVC_KEY, ResourceType
 from .store import Store
 from .validation import DNS1123_LABEL
 
@@ -123,8 +123,7 @@ def admit_service(
             )
         spec["clusterIP"] = old_ip
     elif spec.get("clusterIP") and spec["clusterIP"] != "None":
-        taken = {(s.get("spec") or {}).get("clusterIP") for s in env.store.list(SVC_KEY)}
-        if spec["clusterIP"] in taken:
+        if env.store.by_field(SVC_KEY, CLUSTER_IP_FIELD, spec["clusterIP"]):
             errors.append(
                 FieldError(
                     "spec.clusterIP",
@@ -145,13 +144,12 @@ def admit_service(
 def _allocate_cluster_ip(store: Store) -> str:
     """A random free address, as Kubernetes allocates them: two local clusters running on one machine at the
     same time (parallel test runs) then rarely hand out the same address to services on the same port."""
-    taken = {(s.get("spec") or {}).get("clusterIP") for s in store.list(SVC_KEY)}
     first = int(CLUSTER_IP_NET.network_address) + 1
     size = CLUSTER_IP_NET.num_addresses - 2
     start = random.randrange(size)
     for i in range(size):
         ip = str(ipaddress.ip_address(first + (start + i) % size))
-        if ip not in taken:
+        if not store.by_field(SVC_KEY, CLUSTER_IP_FIELD, ip):
             return ip
     raise ApiError(500, "InternalError", "the service IP range 127.96.0.0/16 is full")
 

@@ -26,8 +26,8 @@ from .errors import (
 )
 from .patch import apply_patch, merge_patch
 from .resources import CRD_KEY, NODE_KEY, NS_KEY, POD_KEY, SA_KEY, Registry, ResourceType
-from .selectors import object_matcher
-from .store import Store
+from .selectors import index_terms, object_matcher
+from .store import Store, sort_objects
 from .validation import name_errors
 
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
@@ -91,7 +91,12 @@ class Objects:
     ) -> list[dict[str, Any]]:
         """The objects of a list, a watch or a collection delete: in `ns` (None: all), matching the selectors."""
         match = object_matcher(params, ns, name)
-        return [o for o in self.store.list(rt.key, ns) if match(o)]
+        if name is not None and ns is not None:  # one object (a legacy watch of it)
+            obj = self.store.get(rt.key, ns, name)
+            return [obj] if obj is not None and match(obj) else []
+        terms = index_terms(params)
+        candidates = self.store.kind(rt.key).candidates(ns, terms.labels, terms.label_keys, terms.fields)
+        return sort_objects(o for o in candidates if match(o))
 
     def _check_namespace(self, rt: ResourceType, ns: str, creating: bool) -> None:
         if not rt.namespaced:

@@ -16,6 +16,10 @@ SA_KEY: Key = ("", "serviceaccounts")
 SECRET_KEY: Key = ("", "secrets")
 PDB_KEY: Key = ("policy", "poddisruptionbudgets")
 EVENT_KEYS: tuple[Key, ...] = (("", "events"), ("events.k8s.io", "events"))
+CLUSTER_IP_FIELD = "spec.clusterIP"
+# Fields the store indexes by value: a Service's address (allocation checks it is free), a pod's node (the
+# kubelet's field selector).
+INDEXED_FIELDS: dict[Key, tuple[str, ...]] = {SVC_KEY: (CLUSTER_IP_FIELD,), POD_KEY: ("spec.nodeName",)}
 
 
 @dataclass

@@ -5,6 +5,8 @@ never stored (access reviews, bindings)."""
 
 from __future__ import annotations
 
+import collections
+
 from aiohttp import web
 
 from . import discovery, openapi, pods
@@ -23,6 +25,9 @@ class Router:
     def __init__(self, backend: Backend):
         self.backend = backend
         self.address = ""  # host:port the clients reach us at (discovery's serverAddressByClientCIDRs)
+        # Resource requests served, as kube-apiserver's apiserver_request_total counts them: (VERB, group,
+        # resource, subresource) -> count; GET /metrics shows them.
+        self.requests: collections.Counter[tuple[str, str, str, str]] = collections.Counter()
 
     @property
     def registry(self) -> Registry:
@@ -36,6 +41,8 @@ class Router:
             return web.Response(text="ok")
         if path == "/version":
             return json_response(discovery.VERSION_INFO)
+        if path == "/metrics":
+            return web.Response(text=self.metrics_text(), content_type="text/plain")
         if path == "/":
             return json_response(discovery.ROOT_PATHS)
         if parts[0] == "openapi":
@@ -75,6 +82,14 @@ class Router:
         if group is None or version not in self.registry.groups().get(group, []):
             raise ApiError(404, "NotFound", f"no OpenAPI document for /{'/'.join(rest)}")
         return json_response(openapi.gv_document(self.registry, group, version))
+
+    def metrics_text(self) -> str:
+        """apiserver_request_total in the Prometheus text format (the verb in upper case, as kube-apiserver)."""
+        lines = ["# TYPE apiserver_request_total counter"]
+        for (verb, group, resource, sub), n in sorted(self.requests.items()):
+            labels = f'verb="{verb}",group="{group}",resource="{resource}",subresource="{sub}"'
+            lines.append(f"apiserver_request_total{{{labels}}} {n}")
+        return "\n".join(lines) + "\n"
 
     def authorize(
         self, user: User | None, verb: str, group: str, resource: str, ns: str, name: str | None
@@ -128,6 +143,7 @@ class Router:
             verb = "delete" if name else "deletecollection"
         else:
             verb = _VERB_OF_METHOD.get(method, method.lower())
+        self.requests[(verb.upper(), group, plural, sub or "")] += 1
         self.authorize(user, verb, group, plural + (f"/{sub}" if sub else ""), ns, name)
         if group == "authorization.k8s.io" and method == "POST" and name is None:
             review = access_review(

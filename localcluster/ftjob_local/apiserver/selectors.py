@@ -1,12 +1,15 @@
-"""Label selectors (=, ==, !=, in, notin, exists, !exists) and field selectors (=, ==, != on dotted paths)."""
+"""Label selectors (=, ==, !=, in, notin, exists, !exists) and field selectors (=, ==, != on dotted paths), and the
+terms of a selector that the store's indexes can answer (`IndexTerms`)."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import bad_request
+from .store import field_value
 
 Matcher = Callable[[dict[str, Any]], bool]
 
@@ -86,19 +89,6 @@ def label_selector_from_dict(selector: dict[str, Any] | None) -> Matcher:
     return lambda labels: all(r(labels) for r in reqs)
 
 
-def _field_value(obj: dict[str, Any], path: str) -> str:
-    cur: Any = obj
-    for part in path.split("."):
-        if not isinstance(cur, dict):
-            return ""
-        cur = cur.get(part)
-    if cur is None:
-        return ""
-    if isinstance(cur, bool):
-        return "true" if cur else "false"
-    return str(cur)
-
-
 def parse_field_selector(text: str | None) -> Matcher:
     """Any dotted path works (metadata.name, metadata.namespace, spec.nodeName, status.phase, involvedObject.uid...)."""
     if not text:
@@ -107,10 +97,10 @@ def parse_field_selector(text: str | None) -> Matcher:
     for part in _split_top(text):
         if "!=" in part:
             path, val = (s.strip() for s in part.split("!=", 1))
-            reqs.append(lambda o, p=path, v=val: _field_value(o, p) != v)
+            reqs.append(lambda o, p=path, v=val: field_value(o, p) != v)
         elif "=" in part:
             path, val = (s.strip() for s in re.split("==|=", part, maxsplit=1))
-            reqs.append(lambda o, p=path, v=val: _field_value(o, p) == v)
+            reqs.append(lambda o, p=path, v=val: field_value(o, p) == v)
         else:
             raise bad_request(
                 f"invalid field selector requirement {part!r}: expected path=value or path!=value"
@@ -133,3 +123,40 @@ def object_matcher(params: Any, ns: str | None, name: str | None = None) -> Matc
         return labels(meta.get("labels") or {}) and fields(obj)
 
     return match
+
+
+@dataclass(frozen=True)
+class IndexTerms:
+    """What every object a selector matches must have: labels key=value, label keys, field values. The store
+    narrows to the smallest index among them; the full matcher still decides."""
+
+    labels: tuple[tuple[str, str], ...] = ()
+    label_keys: tuple[str, ...] = ()
+    fields: tuple[tuple[str, str], ...] = ()
+
+
+def index_terms(params: Any) -> IndexTerms:
+    """The positive, single-valued requirements of a request's labelSelector and fieldSelector."""
+    labels: list[tuple[str, str]] = []
+    keys: list[str] = []
+    for part in _split_top(params.get("labelSelector") or ""):
+        m = _SET_RE.match(part)
+        if m:
+            vals = {v.strip() for v in m.group(3).split(",") if v.strip()}
+            if m.group(2) == "in" and len(vals) == 1:
+                labels.append((m.group(1), vals.pop()))
+            elif m.group(2) == "in":
+                keys.append(m.group(1))
+        elif "!=" in part or part.startswith("!"):
+            continue
+        elif "=" in part:
+            key, val = (s.strip() for s in re.split("==|=", part, maxsplit=1))
+            labels.append((key, val))
+        elif re.fullmatch(r"[A-Za-z0-9./_-]+", part):
+            keys.append(part)
+    fields: list[tuple[str, str]] = []
+    for part in _split_top(params.get("fieldSelector") or ""):
+        if "!=" not in part and "=" in part:
+            path, val = (s.strip() for s in re.split("==|=", part, maxsplit=1))
+            fields.append((path, val))
+    return IndexTerms(tuple(labels), tuple(keys), tuple(fields))

@@ -13,11 +13,12 @@ from ftjob_trainer.contract import parse_time
 
 from .auth import Tokens
 from .calls import Backend
+from .errors import ApiError
 from .objects import Objects
-from .resources import CRD_KEY, EVENT_KEYS, NS_KEY, Registry
+from .resources import CRD_KEY, EVENT_KEYS, INDEXED_FIELDS, NS_KEY, Registry
 from .routing import Router
 from .store import Store
-from .wire import errors_as_status
+from .wire import errors_as_status, json_response
 
 INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 EVENT_TTL_S = 3600.0  # kube-apiserver --event-ttl default
@@ -29,7 +30,7 @@ class ApiServer:
 
     def __init__(self, state_dir: str):
         self.state_dir = os.path.abspath(state_dir)
-        self.store = Store(self.state_dir)
+        self.store = Store(self.state_dir, INDEXED_FIELDS)
         self.registry = Registry()
         for crd in self.store.list(CRD_KEY):
             self.registry.add_crd(crd)
@@ -40,9 +41,21 @@ class ApiServer:
                 self.objects.create(self.registry.types[NS_KEY], "v1", "", {"metadata": {"name": ns}}, {})
         self.backend = Backend(self.objects, self.tokens, self.state_dir)
         self.router = Router(self.backend)
-        self.app = web.Application(middlewares=[errors_as_status], client_max_size=64 * 1024 * 1024)
+        self.app = web.Application(
+            middlewares=[self._answer_once_durable, errors_as_status], client_max_size=64 * 1024 * 1024
+        )
         self.app.router.add_route("*", "/{tail:.*}", self.router.dispatch)
         self.app.cleanup_ctx.append(self._housekeeping)
+
+    @web.middleware
+    async def _answer_once_durable(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """Every answer leaves after the writes made so far are committed (store.py: what a crash can lose)."""
+        response = await handler(request)
+        try:
+            await self.store.durable()
+        except RuntimeError as e:
+            return json_response(ApiError(500, "InternalError", str(e)).status(), 500)
+        return response
 
     @property
     def address(self) -> str:

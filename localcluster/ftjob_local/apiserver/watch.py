@@ -14,7 +14,7 @@ from .errors import ApiError, bad_request
 from .objects import Objects, served
 from .resources import ResourceType
 from .selectors import Matcher, object_matcher
-from .store import Event
+from .store import CLOSE_WATCH, Event
 from .wire import dumps, truthy
 
 BOOKMARK_EVERY_S = 5.0
@@ -60,7 +60,7 @@ async def serve_watch(
     timeout = float(params["timeoutSeconds"]) if params.get("timeoutSeconds") else None
     rv_param = params.get("resourceVersion") or ""
     send_initial = truthy(params.get("sendInitialEvents"))
-    queue = store.subscribe()  # before reading history: nothing falls between the two
+    queue = store.subscribe(rt.key)  # before reading history: nothing falls between the two
     resp = web.StreamResponse(
         status=200, headers={"Content-Type": "application/json", "Cache-Control": "no-cache, private"}
     )
@@ -86,8 +86,11 @@ async def serve_watch(
         await resp.prepare(request)
         last_rv = store.rv
         if rv_param in ("", "0") or send_initial:
-            for obj in objects.select(rt, ns, params, name):
-                await resp.write(encode("ADDED", obj))
+            initial = [encode("ADDED", obj) for obj in objects.select(rt, ns, params, name)]
+            await (
+                store.durable()
+            )  # the listing may hold this loop iteration's writes: show them once committed
+            await resp.write(b"".join(initial))
             if send_initial:
                 await resp.write(encode("BOOKMARK", _bookmark(rt, version, last_rv, initial_end=True)))
         else:
@@ -96,8 +99,11 @@ async def serve_watch(
             except ValueError as e:
                 raise bad_request(f"invalid resourceVersion {rv_param!r}: it must be a number") from e
             events = store.events_since(since, rt.key)
+            last_rv = store.emitted_rv  # later events (some written already, not yet committed) come queued
             if events is None:
-                gone = ApiError(410, "Expired", f"too old resource version: {since} ({store.history_start})")
+                gone = ApiError(
+                    410, "Expired", f"too old resource version: {since} ({store.history_start(rt.key)})"
+                )
                 await resp.write((dumps({"type": "ERROR", "object": gone.status()}) + "\n").encode())
                 return resp
             for ev in events:
@@ -122,7 +128,9 @@ async def serve_watch(
                     if bookmarks:
                         await resp.write(encode("BOOKMARK", _bookmark(rt, version, store.rv)))
                 continue
-            if ev.key != rt.key or ev.rv <= last_rv:
+            if ev is CLOSE_WATCH:
+                break
+            if ev.rv <= last_rv:
                 continue
             out = _as_seen(ev, match)
             if out:
@@ -131,5 +139,5 @@ async def serve_watch(
     except (ConnectionResetError, ConnectionError):
         pass
     finally:
-        store.unsubscribe(queue)
+        store.unsubscribe(rt.key, queue)
     return resp
