@@ -3,8 +3,10 @@ breakdown, on three paths in one run, next to the machine's limits measured in t
 
   replacement  SIGTERM to torchrun (what a preempted pod's kubelet sends), then a fresh torchrun on the same
                checkpoint directory, the page cache dropped first (a new node's is cold)
-  survivor     SIGTERM to the worker only (as if a peer was preempted): it saves, exits 75, and torchrun
-               --max-restarts starts it again in the same "container"; its page cache stays warm
+  survivor     the trainer's peer-stop signal (SIGUSR2) to the worker only, as when a peer's pod is preempted:
+               it saves to the memory tier, exits 75, and the launcher (torchrun's agent, --max-restarts)
+               starts it again in the same "container"; its page cache stays warm (--survivor-signal SIGTERM:
+               the rank is treated as preempted itself and saves durably)
   compile      the replacement path with --compile; the TorchInductor cache lives in the work directory, so the
                first torchrun compiles from scratch and the replacement finds the cache warm
   limits       the checkpoint medium's parallel cold-read bandwidth (page cache dropped) and /dev/shm's, so a
@@ -244,7 +246,11 @@ class Bench:
         self.signal_point(run, deadline)
         worker = of(run.events, contract.EVENT_PROCESS_STARTED, rank=0)[0]["pid"]
         sent = time.time()
-        os.kill(worker, signal.SIGTERM)  # the worker only: torchrun sees exit 75 and restarts it
+        # the worker only, with the trainer's default --peer-stop-signals (SIGUSR2): what a survivor's rank
+        # hears when a peer's pod is preempted (it stops with it, saves to memory only, exits 75) and the
+        # launcher restarts it in the same container. --survivor-signal SIGTERM: as if this rank were preempted
+        # (its stop save goes to the durable tier), the measurement before the memory tier.
+        os.kill(worker, getattr(signal, self.args.survivor_signal))
         self.first_step_after(run, worker, deadline)
         run.stop()
         return {**self.breakdown(run.events, sent), "page_cache": "warm (same machine, not dropped)"}
@@ -361,6 +367,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="extra trainer flag; repeatable",
     )
     p.add_argument(
+        "--survivor-signal",
+        default="SIGUSR2",
+        choices=("SIGUSR2", "SIGTERM"),
+        help="survivor path: SIGUSR2, the trainer's peer-stop signal (default); SIGTERM: its own preemption",
+    )
+    p.add_argument(
         "--launcher",
         default="ftjob",
         choices=sorted(LAUNCHERS),
@@ -422,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
                 "trainer_flag",
                 "probe_mb",
                 "launcher",
+                "survivor_signal",
             )
         }
         | {

@@ -34,6 +34,7 @@ def test_recovery_bench_smoke_breaks_down_each_path(procs, tmp_path):
     # on a CPU the compile path only runs when asked for
     assert list(doc["phases"]) == ["limits", "replacement", "survivor"]
     assert doc["config"]["launcher"] == "ftjob"  # as worker pods run (python -m ftjob_trainer.launch)
+    assert doc["config"]["survivor_signal"] == "SIGUSR2"
 
     limits = doc["phases"]["limits"]
     medium = limits["checkpoint_medium"]
@@ -47,7 +48,9 @@ def test_recovery_bench_smoke_breaks_down_each_path(procs, tmp_path):
         assert [row["moment"] for row in d["breakdown"]] == list(MOMENTS), d
         since = [row["since_signal_s"] for row in d["breakdown"]]
         assert None not in since and since == sorted(since), d["breakdown"]
-        assert d["total_s"] == since[-1] and d["stop_reasons"] == ["preempted"], d
+        # the survivor hears the peer-stop signal (SIGUSR2): it stops because a peer goes away
+        reason = {"replacement": "preempted", "survivor": "peer-stopped"}[path]
+        assert d["total_s"] == since[-1] and d["stop_reasons"] == [reason], d
         assert d["stopped_at_step"] == [d["resumed_from_step"]] == [d["stop_save"]["step"]], d
         assert d["load_bytes"] > 0 and d["load_gbps"] > 0 and d["stop_save"]["kind"] == "stop", d
     assert doc["phases"]["replacement"]["page_cache"] in ("drop_caches", "fadvise")
