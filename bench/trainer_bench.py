@@ -284,7 +284,7 @@ class Bench:
                 step += 1
             commits.append(time.perf_counter() - t_commit)
         disk_bw = self.disk_write_bandwidth(root)
-        state_bytes = ckpt.state_bytes * self.world
+        state_bytes = ckpt.staging.state_bytes * self.world
         # SIGTERM -> committed: the signal lands as a step starts; the step ends, ranks agree, all save (sync)
         signals = StopSignals(["SIGUSR1"])
         os.kill(os.getpid(), signal.SIGUSR1)

@@ -72,7 +72,8 @@ def test_seed_crash_reproduces_without_the_guard_on_plain_fsdp2(world_of_one):
 def test_checkpointer_crashes_with_the_guard_removed(world_of_one, tmp_path, monkeypatch):
     engine = make(cpu_offload=True)
     one_step(engine)
-    # the guard is read where the params are moved (checkpoint_state.params_on_device) and in the checkpointer
+    # the guard is read where the params are moved (checkpoint_state.params_on_device) and in checkpoint.py
+    # (Staging: warm_up, and the wait for staging before by-hand offloaded params go back to the host)
     monkeypatch.setattr(checkpoint_state, "needs_manual_param_reload", unguarded)
     monkeypatch.setattr(ckpt_mod, "needs_manual_param_reload", unguarded)
     with pytest.raises(RuntimeError, match=STORAGE_ERROR):

@@ -38,7 +38,7 @@ def test_staged_state_holds_only_tensors_and_plain_data(world_of_one, tmp_path):
     engine = make_engine()
     ckpt = Checkpointer(str(tmp_path), keep_last=2, engine=engine, rank=0, world_size=1)
     train_step(engine, ckpt, 0)  # AdamW state and the scheduler's initial_lr exist only after a step
-    state = ckpt._state()
+    state = ckpt.staging.state()
     assert non_data_values(state) == []
     assert state["optim"]["state"], "the walk must see the optimizer state, not an empty dict"
 
@@ -53,7 +53,7 @@ def test_the_walk_names_classes_functions_and_objects():
 def test_a_class_in_the_state_is_refused_before_staging(world_of_one, tmp_path):
     engine = make_engine()
     ckpt = Checkpointer(str(tmp_path), keep_last=2, engine=engine, rank=0, world_size=1)
-    ckpt._state = lambda: {"model": {"w": torch.zeros(2)}, "optim": {"cls": torch.optim.AdamW}}
+    ckpt.staging.state = lambda: {"model": {"w": torch.zeros(2)}, "optim": {"cls": torch.optim.AdamW}}
     with pytest.raises(TypeError, match=r"optim\.cls"):
         ckpt.save(1, {}, asynchronous=True)
 
@@ -70,7 +70,7 @@ def test_three_async_saves_in_a_row_all_commit(world_of_one, tmp_path):
             step += 1
             hashes[step] = state_sha256(*engine.full_state())
             assert ckpt.save(step, {"scheduler": engine.scheduler.state_dict()}, asynchronous=True) is None
-            stagers.add(id(ckpt.stager))
+            stagers.add(id(ckpt.staging.stager))
             train_step(engine, ckpt, step)  # waits for staging before the optimizer changes the params
             step += 1
             done = ckpt.drain()

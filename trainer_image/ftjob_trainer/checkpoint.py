@@ -7,17 +7,18 @@ Once every rank's files are written, rank 0 writes ftjob.json into .tmp-step-N/:
 world that can read every file it needs). Memory folders are then copied to the durable folder in the background
 (memory_tier.DurableCopy) and rank 0 renames the folder once every rank's files are durable: the commit. A save
 whose files all went straight to the durable folder commits at once. poll() hands the loop each commit, memory
-first, then durable: only durable ones may be reported as the job's lastCheckpoint. Loading is checkpoint_load.py;
-the on-disk layout, commit and retention checkpoint_layout.py; async staging checkpoint_staging.py.
+first, then durable: only durable ones may be reported as the job's lastCheckpoint.
+
+Here: `Staging` (how the state reaches DCP, under the seed's guard) and `Checkpointer` (when to save, what is saved
+where). Elsewhere: one save's files, markers and commit record checkpoint_save.py; loading checkpoint_load.py; the
+durable copy checkpoint_copy.py; the on-disk layout, commit and retention checkpoint_layout.py; what this torch can
+stage checkpoint_staging.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
-import random
-import shutil
 import time
 from typing import Any
 
@@ -27,31 +28,17 @@ import torch.distributed.checkpoint as dcp
 
 from ftjob_trainer import contract, events, memory_tier
 from ftjob_trainer.checkpoint_copy import Commit, DurableCopies
-from ftjob_trainer.checkpoint_layout import (
-    FORMAT,
-    Retention,
-    committed_name,
-    fsync_file,
-    rng_file,
-    write_meta,
-)
+from ftjob_trainer.checkpoint_layout import Retention, committed_name
 from ftjob_trainer.checkpoint_load import Loaded, Loader, NothingLoadable  # noqa: F401 - re-exported
+from ftjob_trainer.checkpoint_save import InFlight, agree_save, emit_staged, on_staged, open_files, save_meta
 from ftjob_trainer.checkpoint_staging import STAGED_ASYNC, non_data_values, state_nbytes
 from ftjob_trainer.checkpoint_state import (  # noqa: F401 - the guard, re-exported (the seed's tests import it here)
     needs_manual_param_reload,
     params_on_device,
     state_of,
 )
-from ftjob_trainer.checkpoint_store import open_store, torch_bytes
-from ftjob_trainer.contract import (
-    KIND_FINAL,
-    KIND_PERIODIC,
-    KIND_STOP,
-    TIER_DURABLE,
-    TIER_MEMORY,
-    now_rfc3339,
-)
-from ftjob_trainer.shard_io import RecordingWriter
+from ftjob_trainer.checkpoint_store import open_store
+from ftjob_trainer.contract import KIND_FINAL, KIND_PERIODIC, KIND_STOP, TIER_DURABLE, TIER_MEMORY
 
 if STAGED_ASYNC:
     from ftjob_trainer.checkpoint_staging import new_stager
@@ -59,25 +46,82 @@ if STAGED_ASYNC:
 log = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass
-class InFlight:
-    step: int
-    tmp: str  # the durable folder of this save
-    write_dir: str  # where this rank's files went: tmp, or its memory folder
-    direct: bool  # this rank wrote straight to the durable folder
-    all_direct: bool  # every rank did: the memory commit is the commit
-    save_id: str
-    writer: RecordingWriter
-    meta: dict
-    started: float
-    staging: Any  # a Future done when the state is copied to host memory (None: staged synchronously)
-    upload: Any  # a Future done when every rank's shards and the .metadata are written
-    request_id: int | None
-    kind: str
-    marks: dict = dataclasses.field(default_factory=dict)  # phase -> seconds since started (see save_phases)
+class Staging:
+    """Hands the engine's state to DCP, one save at a time: under the guard (params on the device only when the
+    engine offloaded them by hand), staged into pinned host buffers that every save reuses when this torch can,
+    and checked once for what the stager may deep-copy. Owned by the Checkpointer."""
+
+    def __init__(self, engine: Any, pg: Any):
+        self.engine, self.pg = engine, pg
+        self.stager = (
+            None  # its pinned buffers: allocated by the first save (or warm_up), reused by later ones
+        )
+        self.state_bytes = 0  # this rank's tensor bytes, measured by the first save
+
+    def state(self) -> dict:
+        return state_of(self.engine)
+
+    def _get_stager(self):
+        if self.stager is None:
+            self.stager = new_stager()
+        return self.stager
+
+    def warm_up(self):
+        """Size the pinned buffers now (see Checkpointer.warm_up); the staging Future, or None."""
+        if not (STAGED_ASYNC and torch.cuda.is_available()):
+            return None
+        if needs_manual_param_reload(self.engine) or self.stager is not None:
+            return None  # by-hand offload, or the buffers already exist
+        return self._get_stager().stage(self.state())
+
+    def submit(
+        self, writer: Any, step: int, kind: str, started: float, asynchronous: bool
+    ) -> tuple[Any, Any]:
+        """Collective: start DCP's save of the state into writer. Returns the (staging, upload) Futures; both None
+        for a sync save on a torch without staged async_save (it is written when this returns)."""
+        with params_on_device(self.engine):
+            state = self.state()
+            if not self.state_bytes:  # the first save: check once what the stager will deep-copy
+                bad = non_data_values(state)
+                if bad:
+                    raise TypeError(
+                        "the checkpoint state may hold only tensors and plain data (the async stager deep-copies "
+                        f"it); move these into the step's metadata or drop them: {bad[:5]}"
+                    )
+                self.state_bytes = state_nbytes(state)
+            if STAGED_ASYNC:
+                # Sync saves (the preemption save) take the same path and wait: copying into the pinned buffers the
+                # periodic saves already hold beats DCP's pageable per-tensor copies in the writer threads.
+                stager = self._get_stager()
+                if torch.cuda.is_available():
+                    stager.ready = torch.cuda.Event()
+                    stager.ready.record()  # after the last kernel that changes the state
+                resp = dcp.async_save(
+                    state, storage_writer=writer, process_group=self.pg, async_stager=stager
+                )
+                staging, upload = resp.staging_completion, resp.upload_completion
+                staging.add_done_callback(on_staged(step, kind, started))
+                if needs_manual_param_reload(self.engine):
+                    staging.result()  # the params move back to the host right after this block
+            elif not asynchronous:
+                dcp.save(state, storage_writer=writer, process_group=self.pg)
+                staging = upload = None
+            else:  # older torch: async_save stages synchronously (no pinned reuse), then writes in the background
+                upload, staging = dcp.async_save(state, storage_writer=writer, process_group=self.pg), None
+                emit_staged(step, kind, started)
+        return staging, upload
+
+    def close(self) -> None:
+        """Release the pinned buffers."""
+        if self.stager is not None:
+            self.stager.close()
+            self.stager = None
 
 
 class Checkpointer:
+    """The loop's checkpoints: save (sync or async, memory tier or durable), poll/drain the commits, load the
+    newest readable one. Collective methods say so: every rank calls them in the same order."""
+
     def __init__(
         self,
         root: str | None,
@@ -105,12 +149,11 @@ class Checkpointer:
         self.store = open_store(root) if root else None  # a folder, or an object store URL (no memory tier)
         self.retention = Retention(self.store, keep_last) if root else None
         self.copies = DurableCopies(root, rank, self.retention, write_threads) if root else None
-        self.state_bytes = 0
-        self.stager = None
         self._commits: list[Commit] = []
         # DCP's collectives run on their own gloo group: an async save's background thread must not share a
         # communicator with the training loop's collectives.
         self.pg = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        self.staging = Staging(engine, self.pg)
         if root:
             if rank == 0:
                 self.store.start()
@@ -132,7 +175,7 @@ class Checkpointer:
 
     def use_engine(self, engine: Any) -> None:
         """The engine rebuilt (initialised) after a load found nothing this world can read."""
-        self.engine = engine
+        self.engine = self.staging.engine = engine
         if self.root:
             self.loader.engine = engine
 
@@ -140,27 +183,13 @@ class Checkpointer:
         if self.pg is not None:
             dist.barrier(group=self.pg)
 
-    def _state(self) -> dict:
-        return state_of(self.engine)
-
-    def _get_stager(self):
-        if self.stager is None:
-            self.stager = (
-                new_stager()
-            )  # its pinned buffers: allocated by the first save, reused by later ones
-        return self.stager
-
     def warm_up(self):
         """Allocate the pinned staging buffers now, in the stager's thread, so that neither the first periodic save
         (a 6.5 s stall on the H200 machine for 11.4 GB) nor a first preemption save pays for them. Returns the
         staging Future (None when there is nothing to warm). The copy it makes is thrown away: it only sizes the
         buffers, so it may overlap training steps. Skipped when params are offloaded by hand (their storage changes
         at every move, so no buffer could be reused)."""
-        if not (STAGED_ASYNC and self.root and torch.cuda.is_available()):
-            return None
-        if needs_manual_param_reload(self.engine) or self.stager is not None:
-            return None  # by-hand offload, or the buffers already exist
-        return self._get_stager().stage(self._state())
+        return self.staging.warm_up() if self.root else None
 
     def close(self, wait_for_retention: bool = False) -> None:
         """Drain an in-flight save (its files must not be half-written), stop a durable copy (a restarted worker
@@ -170,9 +199,7 @@ class Checkpointer:
             self.drain()
         finally:
             self._settle_copy(supersede=True)  # a restarted worker finishes it
-            if self.stager is not None:
-                self.stager.close()
-                self.stager = None
+            self.staging.close()
             if wait_for_retention:
                 self.wait_for_retention()
 
@@ -215,72 +242,20 @@ class Checkpointer:
         if self.rank == 0:
             self.store.prepare(tmp)
         direct = durable_now or not self.memory_root
-        save_id, all_direct = self._agree_save(direct)  # also the barrier after rank 0 made the folder
-        write_dir = tmp
-        if not direct:
-            write_dir = memory_tier.rank_dir(self.memory_root, step, self.rank)
-            shutil.rmtree(write_dir, ignore_errors=True)
-            os.makedirs(write_dir)
-        rng = {"cpu": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state()
-        if direct:
-            self.store.write_bytes(rng_file(write_dir, self.rank), torch_bytes(rng))
-        else:  # memory needs no fsync
-            torch.save(rng, rng_file(write_dir, self.rank))
-        meta = dict(
-            meta,
-            format=FORMAT,
-            step=step,
-            world_size=self.world_size,
-            save_id=save_id,
-            kind=kind,
-            request_id=request_id,
+        # also the barrier after rank 0 made the folder
+        save_id, all_direct = agree_save(self.pg, self.rank, direct)
+        write_dir, writer = open_files(
+            self.store,
+            self.memory_root,
+            tmp,
+            step,
+            self.rank,
+            self.world_size,
+            direct=direct,
+            write_threads=self.write_threads,
         )
-        # Several writer threads, each with its own file: one stream (DCP's default) left the disk half idle and
-        # serialized the device-to-host copies with the writes (bench: 26 s for 11.4 GB on a 1.55 GB/s disk).
-        # Memory needs no fsync: it is not durable anyway, and the durable copy fsyncs.
-        writer = (
-            RecordingWriter(
-                write_dir,
-                sync_files=direct,
-                thread_count=self.write_threads,
-                # values every rank may need go to the durable folder at once (another pod cannot read this memory)
-                side_dir=None if direct or self.world_size == 1 else tmp,
-            )
-            if self.store.tiered
-            else self.store.writer(tmp, self.write_threads)
-        )
-        with params_on_device(self.engine):
-            state = self._state()
-            if not self.state_bytes:  # the first save: check once what the stager will deep-copy
-                bad = non_data_values(state)
-                if bad:
-                    raise TypeError(
-                        "the checkpoint state may hold only tensors and plain data (the async stager deep-copies "
-                        f"it); move these into the step's metadata or drop them: {bad[:5]}"
-                    )
-                self.state_bytes = state_nbytes(state)
-            if STAGED_ASYNC:
-                # Sync saves (the preemption save) take the same path and wait: copying into the pinned buffers the
-                # periodic saves already hold beats DCP's pageable per-tensor copies in the writer threads.
-                stager = self._get_stager()
-                if torch.cuda.is_available():
-                    stager.ready = torch.cuda.Event()
-                    stager.ready.record()  # after the last kernel that changes the state
-                resp = dcp.async_save(
-                    state, storage_writer=writer, process_group=self.pg, async_stager=stager
-                )
-                staging, upload = resp.staging_completion, resp.upload_completion
-                staging.add_done_callback(_on_staged(step, kind, started))
-                if needs_manual_param_reload(self.engine):
-                    staging.result()  # the params move back to the host right after this block
-            elif not asynchronous:
-                dcp.save(state, storage_writer=writer, process_group=self.pg)
-                staging = upload = None
-            else:  # older torch: async_save stages synchronously (no pinned reuse), then writes in the background
-                upload, staging = dcp.async_save(state, storage_writer=writer, process_group=self.pg), None
-                _emit_staged(step, kind, started)
+        meta = save_meta(meta, step, self.world_size, save_id, kind, request_id)
+        staging, upload = self.staging.submit(writer, step, kind, started, asynchronous)
         self.inflight = InFlight(
             step,
             tmp,
@@ -300,18 +275,6 @@ class Checkpointer:
         if asynchronous:
             return None
         return self._finish(synchronous=True)[1]
-
-    def _agree_save(self, direct: bool) -> tuple[str, bool]:
-        """Collective: rank 0's id of this save (it ties memory copies to it), and whether every rank writes
-        straight to the durable folder."""
-        mine = torch.tensor(
-            [1 if direct else 0, random.getrandbits(62) if self.rank == 0 else 0], dtype=torch.int64
-        )
-        parts = [mine]
-        if self.pg is not None:
-            parts = [torch.zeros_like(mine) for _ in range(dist.get_world_size(self.pg))]
-            dist.all_gather(parts, mine, group=self.pg)
-        return f"{int(parts[0][1]):016x}", all(int(p[0]) for p in parts)
 
     def wait_for_staging(self) -> None:
         """Called right before optimizer.step(): the staged copy must be complete before params change."""
@@ -355,78 +318,28 @@ class Checkpointer:
         try:
             return self._finish(synchronous=False)
         except Exception as e:  # noqa: BLE001 - any failure of the background write means: not committed
-            log.error(
-                "async checkpoint of step %d failed (%s: %s); not committed, the last committed one stays %s",
-                f.step,
-                type(e).__name__,
-                e,
-                self.last_committed[1] if self.last_committed else None,
-            )
-            events.emit(
-                contract.EVENT_CHECKPOINT_SKIPPED,
-                step=f.step,
-                kind=f.kind,
-                reason="failed",
-                error=f"{type(e).__name__}: {e}",
-            )
+            f.report_failure(e, kept=self.last_committed[1] if self.last_committed else None)
             if not f.direct:  # a full /dev/shm would fail every save: the durable tier alone from now on
                 log.warning(
                     "memory tier %s disabled after the failure: size the pod's /dev/shm", self.memory_root
                 )
                 self.memory_root = None
-                shutil.rmtree(f.write_dir, ignore_errors=True)
-            if self.rank == 0:
-                self.store.discard(f.tmp)
+            f.discard(self.store, self.rank)
             return None
 
     def _finish(self, *, synchronous: bool) -> tuple[int, str, int | None]:
         f = self.inflight
         assert f is not None
         self.inflight = None
-        if f.staging is not None:
-            f.staging.result()
-        f.marks["staged"] = time.monotonic() - f.started
-        if f.upload is not None:
-            f.upload.result()  # raises if any rank failed: nothing gets committed
-        f.marks["written"] = time.monotonic() - f.started
-        files: dict[str, int] = {}
-        if not f.all_direct:  # say where this rank's files are: complete in the durable folder, or in memory
-            files = dict(f.writer.files)
-            files[os.path.basename(rng_file(f.write_dir, self.rank))] = os.path.getsize(
-                rng_file(f.write_dir, self.rank)
-            )
-            durable_files = files if f.direct else f.writer.side_files
-            if durable_files:
-                marker = os.path.join(f.tmp, memory_tier.durable_marker(self.rank))
-                memory_tier.write_marker(marker, f.save_id, f.step, self.rank, durable_files, durable=True)
-            if not f.direct:
-                marker = os.path.join(f.write_dir, memory_tier.FILES_MARKER)
-                memory_tier.write_marker(marker, f.save_id, f.step, self.rank, files, durable=False)
+        f.wait_written()
+        files = f.seal(self.rank)
         if synchronous:
             self._barrier()  # every rank's files are sealed before rank 0 records the save
         final = os.path.join(self.root, committed_name(f.step))
         path, tier = (final, TIER_DURABLE) if f.all_direct else (f.tmp, TIER_MEMORY)
         elapsed = time.monotonic() - f.started
-        if self.rank == 0:
-            if not f.direct:  # DCP wrote the .metadata into rank 0's memory folder: loaders read it here
-                shutil.copyfile(os.path.join(f.write_dir, ".metadata"), os.path.join(f.tmp, ".metadata"))
-                fsync_file(os.path.join(f.tmp, ".metadata"))
-            if f.all_direct:
-                self.store.commit(f.tmp, f.step, dict(f.meta, time=now_rfc3339(), save_seconds=elapsed))
-            else:
-                write_meta(f.tmp, dict(f.meta, time=now_rfc3339(), memory_seconds=elapsed))
-            f.marks["committed"] = time.monotonic() - f.started
-            # rank 0's rename (or ftjob.json) is the commit: only it can say so (other ranks may be ahead of it)
-            events.emit(
-                contract.EVENT_CHECKPOINT_COMMITTED,
-                step=f.step,
-                path=path,
-                bytes=self.store.nbytes(path) if f.all_direct else None,  # in memory: spread over the pods
-                seconds=round(f.marks["committed"], 4),
-                kind=f.kind,
-                tier=tier,
-                request_id=f.request_id,
-            )
+        if self.rank == 0:  # rank 0's rename (or ftjob.json) is the commit
+            f.record(self.store, path, tier, elapsed)
             if f.all_direct:
                 self.retention.apply()
         if synchronous:
@@ -491,19 +404,3 @@ class Checkpointer:
                     self.retention.discard(path)
         self._prune_memory(keep)
         return loaded
-
-
-def _emit_staged(step: int, kind: str, started: float) -> None:
-    events.emit(
-        contract.EVENT_CHECKPOINT_STAGED, step=step, kind=kind, seconds=round(time.monotonic() - started, 4)
-    )
-
-
-def _on_staged(step: int, kind: str, started: float):
-    """A done-callback for the staging Future (it runs in the stager's thread, or here if already done)."""
-
-    def done(fut) -> None:
-        if not fut.cancelled() and fut.exception() is None:
-            _emit_staged(step, kind, started)
-
-    return done
