@@ -4,6 +4,8 @@ The loop, in order, every step: train one optimizer step -> commit a finished as
 report -> agree with all ranks (one tiny all-reduce) on: stop? checkpoint request? can a save fit the deadline?
 -> stop: everybody saves this step, writes the termination message, exits 75 | request/periodic: save, go on.
 Loading the latest committed checkpoint is the first thing it does, every time: resume is the default path.
+The Trainer owns the loop; stopping.py the stop (signals, the save deadline, the stop save); reporting.py the
+report file and the progress posts to the coordinator.
 """
 
 from __future__ import annotations
@@ -18,38 +20,24 @@ import torch
 import torch.distributed as dist
 
 from ftjob_trainer import compile_cache, contract, events
-from ftjob_trainer.checkpoint import Checkpointer, Commit, NothingLoadable
+from ftjob_trainer.checkpoint import Checkpointer, NothingLoadable
 from ftjob_trainer.config import ConfigError, TrainConfig, parse_args, to_dict
-from ftjob_trainer.contract import (
-    KIND_FINAL,
-    KIND_PERIODIC,
-    KIND_REQUEST,
-    KIND_STOP,
-    TIER_DURABLE,
-    now_rfc3339,
-)
+from ftjob_trainer.contract import KIND_FINAL, KIND_PERIODIC, KIND_REQUEST
 from ftjob_trainer.data import GlobalBatches, make_source
 from ftjob_trainer.engine import state_sha256
-from ftjob_trainer.preemption import (
-    NO_DEFICIT,
-    CoordinatorClient,
-    StopSignals,
-    agree,
-    atomic_write_json,
-    report_error,
-    write_termination_message,
-)
+from ftjob_trainer.preemption import StopSignals, agree, report_error, write_termination_message
 from ftjob_trainer.progress import STEP_TIME_KEY, RunProgress
+from ftjob_trainer.reporting import Reporter
 from ftjob_trainer.startup import build_engine, init_distributed, resume_expected
+from ftjob_trainer.stopping import Stopping
 
 log = logging.getLogger("ftjob.train")
 REPORT_EVERY_MAX = 10  # the report is rewritten at least this often (issue 3)
-SAVE_MARGIN = 1.2  # a save is started only if 1.2 x its measured duration fits the time left
 
 
 class Trainer:
     def __init__(self, cfg: TrainConfig, signals: StopSignals):
-        self.cfg, self.signals = cfg, signals
+        self.cfg = cfg
         self.rank, self.world_size, self.local_rank, self.device = init_distributed()
         cfg.data.check_world_size(self.world_size)
         ck = cfg.checkpoint
@@ -71,39 +59,13 @@ class Trainer:
             local_rank=self.local_rank,
             local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         )
-        self.client: CoordinatorClient | None = None
-        url = cfg.preemption.coordinator_url
-        if url and self.rank == 0:
-            self.client = CoordinatorClient(
-                url, os.environ.get(contract.ENV_TOKEN), cfg.preemption.poll_interval
-            )
-        self.report: dict[str, Any] = {
-            "step": 0,
-            "loss": None,
-            "world_size": self.world_size,
-            "resumed_from_step": None,
-            "preemption_saves": 0,
-            "last_checkpoint_step": None,  # durable (on the checkpoint volume)
-            "last_checkpoint": None,
-            "memory_only_step": None,  # a newer save whose files are written, some only in a pod's memory tier
-            "resumed_tier": None,  # where the load read rank 0's files: memory, durable or mixed
-            "first_step": None,
-            "data_cursor": 0,
-            "tokens_per_second": None,
-            "state_sha256": None,
-            "exit_code": None,
-            "reason": None,
-        }
+        self.report = Reporter(cfg, self.rank, self.world_size)
+        self.stopping = Stopping(cfg, signals, self.ckpt, self.report)
         self.handled_request = 0
         self.step: int | None = None  # the last step finished (error reports name it)
-        self.signal_seen = False  # the stop_signal event is emitted once, when the loop first sees the flag
         self.ending: dict[str, Any] = {}  # code, reason, message, step: the exit event's fields (terminate())
 
     # --- helpers ---------------------------------------------------------------------------------------------
-    def write_report(self) -> None:
-        if self.rank == 0 and self.cfg.run.report:
-            atomic_write_json(self.cfg.run.report, dict(self.report, updated_at=now_rfc3339()))
-
     def state_hash(self) -> str:
         model_sd, optim_sd = self.engine.full_state()  # collective: every rank takes part
         return state_sha256(model_sd, optim_sd) if self.rank == 0 else ""
@@ -112,38 +74,12 @@ class Trainer:
         return {
             "data_cursor": self.batches.cursor(step),
             "scheduler": self.engine.scheduler.state_dict(),
-            "preemption_saves": self.report["preemption_saves"],
+            "preemption_saves": self.report.doc["preemption_saves"],
             "model": self.cfg.model.model_factory or self.cfg.model.name,
             "global_batch_size": self.cfg.data.global_batch_size,
             "reason": reason,
             STEP_TIME_KEY: self.progress.step_time,  # a resume reports when the step it resumed from was trained
         }
-
-    def on_commit(self, c: Commit) -> None:
-        """Only a durable commit is the job's lastCheckpoint: a memory-only one is lost with its pod."""
-        if c.tier != TIER_DURABLE:
-            self.report["memory_only_step"] = c.step
-            return
-        self.report["last_checkpoint_step"], self.report["last_checkpoint"] = c.step, c.path
-        if self.report["memory_only_step"] is not None and self.report["memory_only_step"] <= c.step:
-            self.report["memory_only_step"] = None
-        if self.client:
-            fields = {"lastCheckpoint": {"step": c.step, "path": c.path, "time": now_rfc3339()}}
-            if c.request_id:
-                fields["handledRequestId"] = c.request_id
-            self.client.post_progress(**fields)
-
-    def post_progress(self) -> None:
-        if self.client:
-            self.client.post_progress(**self.progress.document(self.report["loss"], self.world_size))
-
-    def take_commits(self) -> None:
-        for c in self.ckpt.take_commits():
-            self.on_commit(c)
-
-    def peer_signalled(self) -> bool:
-        """This rank's signal says a peer goes away and this pod stays (--peer-stop-signals)."""
-        return self.signals.received in self.cfg.preemption.peer_signal_names()
 
     def global_loss(self, loss: torch.Tensor) -> float:
         t = loss.detach().clone()
@@ -153,7 +89,7 @@ class Trainer:
     def terminate(self, step: int, reason: str, code: int, message: str) -> int:
         doc = {
             "step": step,
-            "checkpoint": self.report["last_checkpoint"],
+            "checkpoint": self.report.doc["last_checkpoint"],
             "reason": reason,
             "exitCode": code,
             "message": message,
@@ -163,27 +99,14 @@ class Trainer:
         if self.cfg.run.report and code == contract.EXIT_DONE:
             # the hash is of the final state; on a stop it would gather the full state to rank 0 (11.4 GB for 1b)
             # inside the few seconds the operator leaves between the save deadline and torchrun's SIGKILL
-            self.report["state_sha256"] = self.state_hash()
-        self.report.update(step=step, exit_code=code, reason=reason, data_cursor=self.batches.cursor(step))
-        self.write_report()
+            self.report.doc["state_sha256"] = self.state_hash()
+        self.report.doc.update(
+            step=step, exit_code=code, reason=reason, data_cursor=self.batches.cursor(step)
+        )
+        self.report.write()
         log.info("exit %d (%s): %s", code, reason, message)
         self.ending = {"code": code, "reason": reason, "message": message, "step": step}
         return code
-
-    def signalled(self) -> bool:
-        """This rank's stop flag; the first time the loop sees it set, say so (a handler cannot: it only records)."""
-        if self.signals.received is None:
-            return False
-        if not self.signal_seen:
-            self.signal_seen = True
-            events.emit(
-                contract.EVENT_STOP_SIGNAL,
-                signal=self.signals.received,
-                signal_time=self.signals.wall_at,
-                step=self.step,
-                since_signal_s=round(time.monotonic() - self.signals.at, 4),
-            )
-        return True
 
     # --- the loop --------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -207,7 +130,7 @@ class Trainer:
         )
         if loaded:
             durable = self.ckpt.last_committed
-            self.report.update(
+            self.report.doc.update(
                 resumed_from_step=step,
                 preemption_saves=meta.get("preemption_saves", 0),
                 last_checkpoint_step=durable[0] if durable else None,
@@ -216,17 +139,18 @@ class Trainer:
                 resumed_tier=loaded.stats.tier(),
             )
             if cfg.run.hash_on_load:
-                self.report["loaded_state_sha256"] = self.state_hash()
-        self.report.update(step=step, first_step=step + 1, data_cursor=self.batches.cursor(step))
-        self.write_report()
+                self.report.doc["loaded_state_sha256"] = self.state_hash()
+        self.report.doc.update(step=step, first_step=step + 1, data_cursor=self.batches.cursor(step))
+        self.report.write()
         report_every = min(cfg.run.log_every, REPORT_EVERY_MAX)
         tokens_per_step = cfg.data.global_batch_size * cfg.data.seq_len
         self.progress = RunProgress(
             cfg.run.steps, tokens_per_step, step, meta.get(STEP_TIME_KEY), started_at=events.STARTED_AT
         )
         t0, steps_timed = time.perf_counter(), 0
+        client = self.report.client  # rank 0's, with a coordinator
         if step < cfg.run.steps:  # a signal during startup or loading: stop before training a step
-            agreed = agree(self.signalled(), 0, self.deficit())
+            agreed = agree(self.stopping.signalled(self.step), 0, self.stopping.deficit())
             if agreed.stop:
                 return self.stop(step, agreed.deficit)
         while step < cfg.run.steps:
@@ -243,27 +167,27 @@ class Trainer:
                     # after one step the optimizer state exists: size the pinned staging buffers in the background
                     self.ckpt.warm_up()
             for c in self.ckpt.poll():
-                self.on_commit(c)
+                self.report.on_commit(c)
             if step % report_every == 0 or step == cfg.run.steps:
                 value = self.global_loss(loss)
                 rate = tokens_per_step * steps_timed / (time.perf_counter() - t0)
-                self.report.update(
+                self.report.doc.update(
                     step=step, loss=value, data_cursor=self.batches.cursor(step), tokens_per_second=rate
                 )
                 if step % cfg.run.log_every == 0:
                     log.info("step %d loss %.4f tokens/s %.0f", step, value, rate)
                     if self.rank == 0:
                         events.emit(contract.EVENT_STEP, step=step, loss=value, tokens_per_s=round(rate, 1))
-                self.write_report()
+                self.report.write()
             # the first step of a run too: the operator measures the recovery up to it
-            if self.client and (
+            if client and (
                 steps_timed == 1 or step % cfg.preemption.progress_every == 0 or step == cfg.run.steps
             ):
-                self.post_progress()
+                self.report.post_progress(self.progress)
             agreed = agree(
-                self.signalled(),
-                self.client.latest_request if self.client else 0,
-                self.deficit(),
+                self.stopping.signalled(self.step),
+                client.latest_request if client else 0,
+                self.stopping.deficit(),
             )
             if agreed.stop:
                 return self.stop(step, agreed.deficit)
@@ -275,7 +199,7 @@ class Trainer:
                 events.emit(
                     contract.EVENT_CHECKPOINT_REQUESTED,
                     id=agreed.request_id,
-                    reason=self.client.latest_reason if self.client else None,  # rank 0 polls the coordinator
+                    reason=client.latest_reason if client else None,  # rank 0 polls the coordinator
                     step=step,
                 )
                 self.ckpt.save(
@@ -285,7 +209,7 @@ class Trainer:
                     request_id=agreed.request_id,
                     kind=KIND_REQUEST,
                 )
-                self.take_commits()
+                self.report.take_commits(self.ckpt)
             elif (
                 cfg.checkpoint.checkpoint_every
                 and step % cfg.checkpoint.checkpoint_every == 0
@@ -297,89 +221,19 @@ class Trainer:
                     asynchronous=cfg.checkpoint.async_checkpoint,
                     kind=KIND_PERIODIC,
                 )
-                self.take_commits()
+                self.report.take_commits(self.ckpt)
         # the last step is done: a final checkpoint (a restarted finished job then has nothing left to do)
         if cfg.checkpoint.checkpoint_dir:  # durable on every rank before exit 0: nothing restarts to copy it
             self.ckpt.drain()
             self.ckpt.save(step, self.meta(step, "final"), kind=KIND_FINAL, durable_now=True)
-            self.take_commits()
+            self.report.take_commits(self.ckpt)
         return self.terminate(step, contract.REASON_DONE, contract.EXIT_DONE, f"finished all {step} steps")
 
-    def deficit(self) -> float:
-        """Seconds by which this rank's save would miss its deadline (<= 0 fits); NO_DEFICIT if not signalled."""
-        if self.signals.at is None or (self.peer_signalled() and self.ckpt.memory_root):
-            return NO_DEFICIT  # not signalled, or only the memory tier to write
-        estimate = self.ckpt.estimate_save_seconds()
-        if estimate is None:
-            return NO_DEFICIT  # never measured: try (the previous checkpoint stays intact if it is cut short)
-        left = self.cfg.checkpoint.save_deadline_seconds - (time.monotonic() - self.signals.at)
-        # a background save still writing must be drained first: its remaining time counts too
-        return (estimate + self.ckpt.pending_seconds()) * SAVE_MARGIN - left
-
     def stop(self, step: int, deficit: float) -> int:
-        self.post_progress()  # the step it stops at: the operator counts steps trained twice against it
-        # A preempted rank's files must be durable before it exits (its pod's memory goes with the node); a rank
-        # stopped with a peer only needs them written (the memory tier), and its restarted worker copies them.
-        preempted = self.signalled() and not self.peer_signalled()  # signalled(): its event, if not said yet
-        reason = contract.REASON_PREEMPTED if preempted else contract.REASON_PEER
-        who = f"signal {self.signals.received}" if self.signals.received else "a peer's stop"
-        events.emit(
-            contract.EVENT_STOP_AGREED,
-            step=step,
-            reason=reason,
-            since_signal_s=round(time.monotonic() - self.signals.at, 4) if self.signals.at else None,
-        )
-        if not self.cfg.checkpoint.checkpoint_dir:
-            return self.terminate(
-                step,
-                reason,
-                contract.EXIT_RESTART,
-                f"stopped at step {step} on {who}; no --checkpoint-dir, nothing saved",
-            )
-        if deficit > 0:
-            self.ckpt.drain()  # an async save already writing may still land
-            self.take_commits()
-            msg = (
-                f"stopped at step {step} on {who}: a save (measured {self.ckpt.estimate_save_seconds():.1f}s) would "
-                f"miss the {self.cfg.checkpoint.save_deadline_seconds:.0f}s deadline by {deficit:.1f}s; kept the "
-                f"last committed checkpoint {self.report['last_checkpoint']}"
-            )
-            log.warning(msg)
-            events.emit(
-                contract.EVENT_CHECKPOINT_SKIPPED,
-                step=step,
-                kind=KIND_STOP,
-                reason="deadline",
-                estimate_s=self.ckpt.estimate_save_seconds(),
-                deficit_s=round(deficit, 4),
-                kept=self.report["last_checkpoint"],
-            )
-            return self.terminate(step, contract.REASON_DEADLINE, contract.EXIT_RESTART, msg)
-        t = time.monotonic()
-        last = self.ckpt.last_saved
-        if last and last[0] == step and self.ckpt.inflight is None:  # e.g. stopped right after resuming
-            if preempted:  # what this pod holds only in memory must reach the durable tier first
-                left = self.cfg.checkpoint.save_deadline_seconds - (time.monotonic() - (self.signals.at or t))
-                self.ckpt.wait_own_files_durable(timeout=max(0.0, left))
-            self.take_commits()
-            said = "committed" if last == self.ckpt.last_committed else "saved (memory-committed)"
-            msg = f"stopped at step {step} on {who}; this step is already {said} as {last[1]}"
-            events.emit(
-                contract.EVENT_CHECKPOINT_SKIPPED,
-                step=step,
-                kind=KIND_STOP,
-                reason="already-committed",
-                kept=last[1],
-            )
-            return self.terminate(step, reason, contract.EXIT_RESTART, msg)
-        self.report["preemption_saves"] += 1
-        path = self.ckpt.save(step, self.meta(step, reason), kind=KIND_STOP, durable_now=preempted)
-        self.take_commits()
-        since = (
-            f"{time.monotonic() - self.signals.at:.2f}s after the signal" if self.signals.at else "on request"
-        )
-        msg = f"stopped at step {step} on {who}; saved {path} in {time.monotonic() - t:.2f}s ({since})"
-        return self.terminate(step, reason, contract.EXIT_RESTART, msg)
+        # the step it stops at: the operator counts steps trained twice against it
+        self.report.post_progress(self.progress)
+        reason, code, message = self.stopping.stop(step, deficit, self.meta)
+        return self.terminate(step, reason, code, message)
 
     def close(self, finished: bool = False) -> None:
         try:
@@ -387,8 +241,7 @@ class Trainer:
             self.ckpt.close(wait_for_retention=finished)
         except Exception:  # noqa: BLE001 - closing after an error: say so, keep closing
             log.exception("draining the in-flight checkpoint failed; it stays uncommitted")
-        if self.client:
-            self.client.close()
+        self.report.close()
 
 
 def setup_logging() -> None:
@@ -473,11 +326,11 @@ def _report_error(cfg: TrainConfig | None, trainer: Trainer | None, code: int, m
     """Rank 0 writes the report's exit_code and reason. Every rank that stops on a real error tells the coordinator: torchrun restarts it inside the pod (its budget
     stays huge for exit 75), so the operator counts the failure from this report, not from the pod."""
     if trainer is not None:  # the report says how the run ended, an error too
-        trainer.report.update(exit_code=code, reason=contract.REASON_ERROR, error=message)
+        trainer.report.doc.update(exit_code=code, reason=contract.REASON_ERROR, error=message)
         if trainer.step is not None:
-            trainer.report["step"] = trainer.step
+            trainer.report.doc["step"] = trainer.step
         try:
-            trainer.write_report()
+            trainer.report.write()
         except OSError as e:
             log.warning("could not write the report (%s)", e)
     url = cfg.preemption.coordinator_url if cfg else os.environ.get(contract.ENV_COORDINATOR_URL)

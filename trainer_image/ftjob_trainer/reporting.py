@@ -1,0 +1,76 @@
+"""Rank 0's account of a run: the --report file (what tests and benches read: the step, loss, checkpoints, how the
+run resumed and how it ended) and the progress posts to the coordinator. Owned by train.Trainer.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ftjob_trainer import contract
+from ftjob_trainer.checkpoint_copy import Commit
+from ftjob_trainer.config import TrainConfig
+from ftjob_trainer.contract import TIER_DURABLE, now_rfc3339
+from ftjob_trainer.preemption import CoordinatorClient, atomic_write_json
+from ftjob_trainer.progress import RunProgress
+
+
+class Reporter:
+    """`doc` is the report; `client` the coordinator's (rank 0, when the job has a coordinator)."""
+
+    def __init__(self, cfg: TrainConfig, rank: int, world_size: int):
+        self.path, self.rank, self.world_size = cfg.run.report, rank, world_size
+        self.client: CoordinatorClient | None = None
+        url = cfg.preemption.coordinator_url
+        if url and rank == 0:
+            self.client = CoordinatorClient(
+                url, os.environ.get(contract.ENV_TOKEN), cfg.preemption.poll_interval
+            )
+        self.doc: dict[str, Any] = {
+            "step": 0,
+            "loss": None,
+            "world_size": world_size,
+            "resumed_from_step": None,
+            "preemption_saves": 0,
+            "last_checkpoint_step": None,  # durable (on the checkpoint volume)
+            "last_checkpoint": None,
+            "memory_only_step": None,  # a newer save whose files are written, some only in a pod's memory tier
+            "resumed_tier": None,  # where the load read rank 0's files: memory, durable or mixed
+            "first_step": None,
+            "data_cursor": 0,
+            "tokens_per_second": None,
+            "state_sha256": None,
+            "exit_code": None,
+            "reason": None,
+        }
+
+    def write(self) -> None:
+        if self.rank == 0 and self.path:
+            atomic_write_json(self.path, dict(self.doc, updated_at=now_rfc3339()))
+
+    def on_commit(self, c: Commit) -> None:
+        """Only a durable commit is the job's lastCheckpoint: a memory-only one is lost with its pod."""
+        if c.tier != TIER_DURABLE:
+            self.doc["memory_only_step"] = c.step
+            return
+        self.doc["last_checkpoint_step"], self.doc["last_checkpoint"] = c.step, c.path
+        if self.doc["memory_only_step"] is not None and self.doc["memory_only_step"] <= c.step:
+            self.doc["memory_only_step"] = None
+        if self.client:
+            fields = {"lastCheckpoint": {"step": c.step, "path": c.path, "time": now_rfc3339()}}
+            if c.request_id:
+                fields["handledRequestId"] = c.request_id
+            self.client.post_progress(**fields)
+
+    def take_commits(self, ckpt: Any) -> None:
+        """The commits the checkpointer made since it was last asked."""
+        for c in ckpt.take_commits():
+            self.on_commit(c)
+
+    def post_progress(self, progress: RunProgress) -> None:
+        if self.client:
+            self.client.post_progress(**progress.document(self.doc["loss"], self.world_size))
+
+    def close(self) -> None:
+        if self.client:
+            self.client.close()
