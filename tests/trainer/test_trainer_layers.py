@@ -1,0 +1,174 @@
+"""The trainer's import graph: layers only point down and there are no cycles (read from the sources' ast), and
+contract.py, which the operator and the local cluster import too, stays stdlib only.
+
+Bottom to top (docs/INTERFACES.md): contract, the model registry and the leaves that import nothing of the package
+-> events, preemption, progress, shard_io -> config -> data, the models, engine, checkpoint_store -> the
+checkpointer's parts (checkpoint_copy, checkpoint_save, checkpoint_load) -> checkpoint, startup -> the loop's parts
+(reporting, stopping) -> the entry points (train, launch, coordinator). Every import statement counts, also one
+inside a function.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[2] / "trainer_image" / "ftjob_trainer"
+
+# Module name (relative to ftjob_trainer) prefix -> layer; a longer prefix wins.
+LAYERS = {
+    "": 0,  # the package's __init__: imports nothing (the operator imports ftjob_trainer.contract)
+    "contract": 0,
+    "models": 0,  # the registry of presets (models/__init__.py), torch-free
+    "memory_tier": 0,
+    "checkpoint_layout": 0,
+    "checkpoint_state": 0,
+    "checkpoint_staging": 0,
+    "parallelize": 0,
+    "compile_cache": 0,
+    "warm_worker": 0,
+    "warm_forkserver": 0,
+    "events": 1,
+    "preemption": 1,
+    "progress": 1,
+    "shard_io": 1,
+    "config": 2,
+    "data": 3,
+    "models.llama": 3,
+    "models.hf": 3,
+    "engine": 3,
+    "checkpoint_store": 3,
+    "checkpoint_copy": 4,
+    "checkpoint_save": 4,
+    "checkpoint_load": 4,
+    "checkpoint": 5,
+    "startup": 5,
+    "reporting": 6,
+    "stopping": 6,
+    "train": 7,
+    "launch": 7,
+    "coordinator": 7,
+}
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for f in PKG.rglob("*.py"):
+        parts = list(f.relative_to(PKG).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = f
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = modules()
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for name, path in mods.items():
+        here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        here = [p for p in here if p]
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = here[: len(here) - node.level + 1] + (
+                        node.module.split(".") if node.module else []
+                    )
+                elif node.module == "ftjob_trainer" or (node.module or "").startswith("ftjob_trainer."):
+                    base = node.module.split(".")[1:]
+                else:
+                    continue
+                prefix = ".".join(base)
+                for alias in node.names:
+                    sub = f"{prefix}.{alias.name}" if prefix else alias.name
+                    targets.append(sub if sub in mods else prefix)
+            elif isinstance(node, ast.Import):
+                targets = [
+                    a.name[len("ftjob_trainer.") :] for a in node.names if a.name.startswith("ftjob_trainer.")
+                ]
+            graph[name] |= {t for t in targets if t in mods and t != name}
+    return graph
+
+
+def layer(module: str) -> int:
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        key = ".".join(parts[:n])
+        if key in LAYERS:
+            return LAYERS[key]
+    raise AssertionError(
+        f"ftjob_trainer.{module} has no layer: add it to LAYERS here and to docs/INTERFACES.md"
+    )
+
+
+def test_every_module_has_a_layer():
+    for m in modules():
+        layer(m)
+    stale = sorted(set(LAYERS) - set(modules()))
+    assert not stale, f"LAYERS names modules that no longer exist: {stale}"
+
+
+def test_imports_point_down():
+    upward = [
+        f"ftjob_trainer.{m or '__init__'} (layer {layer(m)}) imports ftjob_trainer.{t} (layer {layer(t)})"
+        for m, targets in import_graph().items()
+        for t in targets
+        if layer(t) > layer(m)
+    ]
+    assert not upward, "\n".join(upward)
+
+
+def test_no_import_cycles():
+    graph = import_graph()
+    cycles, state = [], {}
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = "open"
+        for t in sorted(graph[m]):
+            if state.get(t) == "open":
+                cycles.append(" -> ".join(path[path.index(t) :] + [t]))
+            elif t not in state:
+                visit(t, path + [t])
+        state[m] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, "\n".join(cycles)
+
+
+def test_the_graph_is_read():
+    """Guards the reader above: it must see the trainer's imports, or the checks pass vacuously."""
+    graph = import_graph()
+    assert {"checkpoint", "startup", "reporting", "stopping", "preemption", "contract"} <= graph["train"]
+    assert {"checkpoint_save", "checkpoint_load", "checkpoint_state", "checkpoint_copy"} <= graph[
+        "checkpoint"
+    ]
+    assert {"checkpoint", "reporting", "preemption"} <= graph["stopping"]
+    assert graph["models.hf"] == {"config"} and graph["models.llama"] == {"models"}
+    assert graph["launch"] == {"warm_worker"}
+    assert graph["contract"] == set() and graph[""] == set()
+
+
+def _imported_top_level_names(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path.name} imports a sibling module"
+            names.add((node.module or "").split(".")[0])
+    return names
+
+
+def test_the_contract_is_stdlib_only():
+    """The operator's image has no torch and the local cluster imports the contract too: the standard library only.
+    (tests/test_contract.py also imports it in a fresh interpreter and checks torch stayed out.)"""
+    names = _imported_top_level_names(PKG / "contract.py")
+    assert "json" in names, "the reader must see the contract's imports"
+    outside = sorted(n for n in names if n != "__future__" and n not in sys.stdlib_module_names)
+    assert not outside, f"contract.py imports {outside}: keep it stdlib only (it is shared with the operator)"
+    assert _imported_top_level_names(PKG / "__init__.py") == set(), (
+        "the package's __init__ must import nothing"
+    )
