@@ -1,6 +1,11 @@
 """Service proxy: listens on every Service's clusterIP:port (loopback addresses from 127.96.0.0/16) and forwards
 each TCP connection to a ready endpoint pod's podIP:targetPort, as kube-proxy does (round robin over ready pods).
 
+It also enforces NetworkPolicy ingress rules, as a CNI would, for the connections it forwards: when a policy
+isolates the chosen endpoint pod, the pod that opened the connection is found from /proc (peers.py) and the
+policies decide (netpolicy.py); a refused connection is closed at once (a CNI drops its packets: the client times
+out instead). Connections straight to a pod IP do not pass here and are not checked (docs/INTERFACES.md).
+
 `python -m ftjob_local.netproxy --kubeconfig K --state-dir DIR` runs it in a process of its own (the local cluster's
 kube-proxy), so that restarting the kubelet or the API server cuts no connection a pod holds through a Service
 (torchrun's rendezvous store client does not reconnect). While the API server is away it keeps forwarding with
@@ -19,6 +24,7 @@ import signal
 import threading
 from pathlib import Path
 
+from . import netpolicy, peers
 from .client import Informer, Kube, Obj
 from .objects import meta, pod_ready
 
@@ -42,6 +48,11 @@ def resolve_target_port(pod: Obj, target) -> int | None:
 
 def endpoints(service: Obj, port: Obj, pods: list[Obj]) -> list[tuple[str, int]]:
     """Ready pods selected by the service, as (podIP, targetPort)."""
+    return [(ip, tp) for _, ip, tp in endpoint_pods(service, port, pods)]
+
+
+def endpoint_pods(service: Obj, port: Obj, pods: list[Obj]) -> list[tuple[Obj, str, int]]:
+    """Ready pods selected by the service, as (pod, podIP, targetPort), ordered by address."""
     ns = meta(service).get("namespace", "default")
     selector = (service.get("spec") or {}).get("selector") or {}
     target = port.get("targetPort", port.get("port"))
@@ -55,13 +66,13 @@ def endpoints(service: Obj, port: Obj, pods: list[Obj]) -> list[tuple[str, int]]
             continue
         tp = resolve_target_port(pod, target)
         if tp:
-            out.append((ip, tp))
-    return sorted(out)
+            out.append((pod, ip, tp))
+    return sorted(out, key=lambda e: (e[1], e[2]))
 
 
 class ServiceProxy:
-    def __init__(self, services: Informer, pods: Informer):
-        self.services, self.pods = services, pods
+    def __init__(self, services: Informer, pods: Informer, policies: Informer, namespaces: Informer):
+        self.services, self.pods, self.policies, self.namespaces = services, pods, policies, namespaces
         self.loop = asyncio.new_event_loop()
         self._servers: dict[tuple[str, int], tuple[asyncio.AbstractServer, tuple[str, str, str]]] = {}
         self._rr = itertools.count()
@@ -69,6 +80,7 @@ class ServiceProxy:
         services.listeners.append(lambda *_: self.loop.call_soon_threadsafe(self._schedule_sync))
         self._sync_pending = False
         self._failed: set[tuple[str, int]] = set()
+        self._peers = peers.PeerFinder()
 
     def start(self) -> ServiceProxy:
         self._thread.start()
@@ -154,9 +166,12 @@ class ServiceProxy:
                 (p for p in (svc.get("spec") or {}).get("ports") or [] if (p.get("name") or "") == port_name),
                 None,
             )
-            eps = endpoints(svc, port, self.pods.items()) if port else []
+            eps = endpoint_pods(svc, port, self.pods.items()) if port else []
             if eps:
-                ip, tport = eps[next(self._rr) % len(eps)]
+                pod, ip, tport = eps[next(self._rr) % len(eps)]
+                if not await self._admitted(writer, pod, tport, owner):
+                    writer.close()
+                    return
                 try:
                     upstream = await asyncio.wait_for(asyncio.open_connection(ip, tport), 5)
                 except (OSError, asyncio.TimeoutError) as e:
@@ -171,6 +186,40 @@ class ServiceProxy:
         finally:
             for w in writers:
                 w.close()
+
+    async def _admitted(self, writer: asyncio.StreamWriter, target: Obj, port: int, owner) -> bool:
+        """Whether the NetworkPolicies of target's namespace admit this connection (netpolicy.py)."""
+        ns = meta(target).get("namespace", "default")
+        policies = [p for p in self.policies.items() if meta(p).get("namespace", "default") == ns]
+        if not netpolicy.isolating(target, policies):
+            return True  # the common case costs no look-up in /proc
+        peer, sockname = writer.get_extra_info("peername"), writer.get_extra_info("sockname")
+        marker = await self.loop.run_in_executor(None, self._peers.marker, peer[:2], sockname[:2])
+        source = self._source_pod(marker) if marker else None
+        namespace_labels = {meta(n)["name"]: meta(n).get("labels") or {} for n in self.namespaces.items()}
+        verdict = netpolicy.ingress_verdict(target, port, source, policies, namespace_labels)
+        if not verdict.allowed:
+            who = f"pod {meta(source).get('namespace')}/{meta(source).get('name')}" if source else "the node"
+            log.info(
+                "service %s/%s: refused a connection from %s to pod %s/%s port %d: %s",
+                owner[0],
+                owner[1],
+                who,
+                ns,
+                meta(target).get("name"),
+                port,
+                verdict.reason,
+            )
+        return verdict.allowed
+
+    def _source_pod(self, marker: str) -> Obj:
+        """The pod a container marker names; a process of a pod the API server no longer has is a pod without
+        labels or namespace (only a rule open to every source admits it)."""
+        uid = peers.pod_uid(marker)
+        for pod in self.pods.items():
+            if meta(pod).get("uid") == uid:
+                return pod
+        return {"metadata": {"name": f"(uid {uid})", "namespace": "", "uid": uid, "labels": {}}}
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, both) -> None:
@@ -199,10 +248,12 @@ def main(argv: list[str] | None = None) -> int:
     kube = Kube(args.kubeconfig)
     services = Informer(kube, "/api/v1/services", "services").start()
     pods = Informer(kube, "/api/v1/pods", "pods").start()
-    for inf in (services, pods):
+    policies = Informer(kube, "/apis/networking.k8s.io/v1/networkpolicies", "networkpolicies").start()
+    namespaces = Informer(kube, "/api/v1/namespaces", "namespaces").start()
+    for inf in (services, pods, policies, namespaces):
         if not inf.synced.wait(30):
             raise SystemExit(f"could not list {inf.name} from the API server within 30s")
-    proxy = ServiceProxy(services, pods).start()
+    proxy = ServiceProxy(services, pods, policies, namespaces).start()
     ready = args.state_dir / "proxy" / "ready"
     ready.parent.mkdir(parents=True, exist_ok=True)
     ready.write_text(json.dumps({"pid": os.getpid()}))

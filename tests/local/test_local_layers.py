@@ -1,8 +1,8 @@
 """The local cluster's import graph: layers only point down and there are no cycles (read from the sources' ast).
 
-Bottom to top (docs/INTERFACES.md): shim, procs, records, layout -> client -> objects -> the node's parts (kubelet/,
-scheduler, netproxy, preempt) -> node/ (the node agent) -> cluster -> the demo's parts (session, timeline,
-demo_render) -> cli, demo. The API server (apiserver/) is its own stack
+Bottom to top (docs/INTERFACES.md): shim, procs, records, layout, peers -> client -> objects, netpolicy -> the
+node's parts (kubelet/, scheduler, netproxy, preempt) -> node/ (the node agent) -> cluster -> the demo's parts
+(session, timeline, demo_render) -> cli, demo. The API server (apiserver/) is its own stack
 on the bottom layer. Every import statement counts, also one inside a function.
 """
 
@@ -19,8 +19,10 @@ LAYERS = {
     "procs": 0,
     "records": 0,
     "layout": 0,
+    "peers": 0,
     "client": 1,
     "objects": 2,
+    "netpolicy": 2,
     "kubelet": 3,
     "scheduler": 3,
     "netproxy": 3,
@@ -132,5 +134,6 @@ def test_the_graph_is_read():
     graph = import_graph()
     assert {"kubelet", "preempt", "scheduler", "client", "objects"} <= graph["node.agent"]
     assert "netproxy" not in graph["node.agent"], "the service proxy is a process of its own"
+    assert {"netpolicy", "peers"} <= graph["netproxy"] and graph["netpolicy"] == set()
     assert {"records", "procs"} <= graph["cluster"] and graph["procs"] == {"shim"}
     assert graph["objects"] == {"client"} and graph["client"] == set()
