@@ -1,10 +1,12 @@
 """Service proxy: listens on every Service's clusterIP:port (loopback addresses from 127.96.0.0/16) and forwards
 each TCP connection to a ready endpoint pod's podIP:targetPort, as kube-proxy does (round robin over ready pods).
 
-It also enforces NetworkPolicy ingress rules, as a CNI would, for the connections it forwards: when a policy
-isolates the chosen endpoint pod, the pod that opened the connection is found from /proc (peers.py) and the
-policies decide (netpolicy.py); a refused connection is closed at once (a CNI drops its packets: the client times
-out instead). Connections straight to a pod IP do not pass here and are not checked (docs/INTERFACES.md).
+It also serves the pod IP of every pod that declares containerPorts: it listens on podIP:containerPort and forwards
+to the address the pod's processes bind (objects.own_ip), so a connection straight to a pod passes here too. On both
+paths it enforces NetworkPolicy ingress rules, as a CNI would: when a policy isolates the target pod, the pod that
+opened the connection is found from /proc (peers.py) and the policies decide (netpolicy.py); a refused connection
+is closed at once (a CNI drops its packets: the client times out instead). docs/INTERFACES.md says what it cannot
+see.
 
 `python -m ftjob_local.netproxy --kubeconfig K --state-dir DIR` runs it in a process of its own (the local cluster's
 kube-proxy), so that restarting the kubelet or the API server cuts no connection a pod holds through a Service
@@ -26,7 +28,7 @@ from pathlib import Path
 
 from . import netpolicy, peers
 from .client import Informer, Kube, Obj
-from .objects import meta, pod_ready
+from .objects import is_terminal, meta, own_ip, pod_ready, published_ports
 
 log = logging.getLogger(__name__)
 RESYNC_SECONDS = 3.0
@@ -74,10 +76,12 @@ class ServiceProxy:
     def __init__(self, services: Informer, pods: Informer, policies: Informer, namespaces: Informer):
         self.services, self.pods, self.policies, self.namespaces = services, pods, policies, namespaces
         self.loop = asyncio.new_event_loop()
-        self._servers: dict[tuple[str, int], tuple[asyncio.AbstractServer, tuple[str, str, str]]] = {}
+        # (ip, port) -> (server, owner): owner ("service", ns, name, port name) or ("pod", ns, name, port)
+        self._servers: dict[tuple[str, int], tuple[asyncio.AbstractServer, tuple]] = {}
         self._rr = itertools.count()
         self._thread = threading.Thread(target=self.loop.run_forever, name="service-proxy", daemon=True)
-        services.listeners.append(lambda *_: self.loop.call_soon_threadsafe(self._schedule_sync))
+        for informer in (services, pods):
+            informer.listeners.append(lambda *_: self.loop.call_soon_threadsafe(self._schedule_sync))
         self._sync_pending = False
         self._failed: set[tuple[str, int]] = set()
         self._peers = peers.PeerFinder()
@@ -108,8 +112,19 @@ class ServiceProxy:
             self._sync_pending = True
             self.loop.create_task(self._sync())
 
-    def _wanted(self) -> dict[tuple[str, int], tuple[str, str, str]]:
-        wanted = {}
+    def _wanted(self) -> dict[tuple[str, int], tuple]:
+        wanted: dict[tuple[str, int], tuple] = {}
+        for pod in self.pods.items():
+            ip = (pod.get("status") or {}).get("podIP") or ""
+            if is_terminal(pod) or own_ip(pod, ip) == ip:
+                continue
+            m = meta(pod)
+            for port in published_ports(pod):
+                owner = ("pod", m.get("namespace", "default"), m["name"], port)
+                # Only once ready: a container that listens on 0.0.0.0 (against the local cluster's rule) has
+                # bound the port by then and keeps it, instead of losing the race to this proxy.
+                if pod_ready(pod) or self._servers.get((ip, port), (None, None))[1] == owner:
+                    wanted[(ip, port)] = owner
         for svc in self.services.items():
             spec = svc.get("spec") or {}
             ip = spec.get("clusterIP")
@@ -119,6 +134,7 @@ class ServiceProxy:
                 if p.get("protocol", "TCP") == "TCP":
                     m = meta(svc)
                     wanted[(ip, int(p["port"]))] = (
+                        "service",
                         m.get("namespace", "default"),
                         m["name"],
                         p.get("name") or "",
@@ -141,14 +157,7 @@ class ServiceProxy:
                 )
             except OSError as e:
                 if key not in self._failed:
-                    log.warning(
-                        "service %s/%s: cannot listen on %s:%d: %s (retrying)",
-                        owner[0],
-                        owner[1],
-                        ip,
-                        port,
-                        e,
-                    )
+                    log.warning("%s %s/%s: cannot listen on %s:%d: %s (retrying)", *owner[:3], ip, port, e)
                 self._failed.add(key)
                 continue
             self._failed.discard(key)
@@ -157,25 +166,32 @@ class ServiceProxy:
     def listening(self) -> list[tuple[str, int]]:
         return sorted(self._servers)
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, owner) -> None:
-        ns, name, port_name = owner
+    def _target(self, owner: tuple) -> tuple[Obj, str, int] | None:
+        """The pod a connection to this listener goes to, with its pod IP and port; None: nowhere (refused)."""
+        kind, ns, name, port_key = owner
+        if kind == "pod":
+            pod = self.pods.get(ns, name)
+            ip = ((pod or {}).get("status") or {}).get("podIP")
+            return (pod, ip, port_key) if pod and ip and not is_terminal(pod) else None
         svc = self.services.get(ns, name)
+        ports = ((svc or {}).get("spec") or {}).get("ports") or []
+        port = next((p for p in ports if (p.get("name") or "") == port_key), None)
+        eps = endpoint_pods(svc, port, self.pods.items()) if svc and port else []
+        return eps[next(self._rr) % len(eps)] if eps else None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, owner: tuple) -> None:
+        target = self._target(owner)
         upstream = None
-        if svc:
-            port = next(
-                (p for p in (svc.get("spec") or {}).get("ports") or [] if (p.get("name") or "") == port_name),
-                None,
-            )
-            eps = endpoint_pods(svc, port, self.pods.items()) if port else []
-            if eps:
-                pod, ip, tport = eps[next(self._rr) % len(eps)]
-                if not await self._admitted(writer, pod, tport, owner):
-                    writer.close()
-                    return
-                try:
-                    upstream = await asyncio.wait_for(asyncio.open_connection(ip, tport), 5)
-                except (OSError, asyncio.TimeoutError) as e:
-                    log.info("service %s/%s: endpoint %s:%d refused: %s", ns, name, ip, tport, e)
+        if target is not None:
+            pod, ip, tport = target
+            if not await self._admitted(writer, pod, tport, owner):
+                writer.close()
+                return
+            ip = own_ip(pod, ip)  # where the pod's processes listen
+            try:
+                upstream = await asyncio.wait_for(asyncio.open_connection(ip, tport), 5)
+            except (OSError, asyncio.TimeoutError) as e:
+                log.info("%s %s/%s: endpoint %s:%d refused: %s", *owner[:3], ip, tport, e)
         if upstream is None:  # no ready endpoint: refuse, as a cluster would
             writer.close()
             return
@@ -201,9 +217,8 @@ class ServiceProxy:
         if not verdict.allowed:
             who = f"pod {meta(source).get('namespace')}/{meta(source).get('name')}" if source else "the node"
             log.info(
-                "service %s/%s: refused a connection from %s to pod %s/%s port %d: %s",
-                owner[0],
-                owner[1],
+                "%s %s/%s: refused a connection from %s to pod %s/%s port %d: %s",
+                *owner[:3],
                 who,
                 ns,
                 meta(target).get("name"),

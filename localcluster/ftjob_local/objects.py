@@ -36,6 +36,33 @@ def meta(obj: Obj) -> Obj:
     return obj.get("metadata") or {}
 
 
+POD_NET, OWN_NET = "127.10.", "127.11."  # pod IPs (status.podIP) and the addresses pods bind (below)
+
+
+def published_ports(pod: Obj) -> list[int]:
+    """The TCP containerPorts a pod declares: the service proxy listens on podIP:port for them (netproxy.py)."""
+    if (pod.get("spec") or {}).get("hostNetwork"):
+        return []
+    return sorted(
+        {
+            int(p["containerPort"])
+            for c in (pod.get("spec") or {}).get("containers") or []
+            for p in c.get("ports") or []
+            if p.get("protocol", "TCP") == "TCP" and p.get("containerPort")
+        }
+    )
+
+
+def own_ip(pod: Obj, pod_ip: str) -> str:
+    """The address a pod's processes see as their own (downward API status.podIP) and bind to. A pod that declares
+    ports gets 127.11.x.y for its pod IP 127.10.x.y, and the service proxy owns the pod IP's declared ports, so a
+    connection to podIP:port passes its NetworkPolicy check as one through a Service does; other pods bind the pod
+    IP itself."""
+    if pod_ip.startswith(POD_NET) and published_ports(pod):
+        return OWN_NET + pod_ip[len(POD_NET) :]
+    return pod_ip
+
+
 def is_terminal(pod: Obj) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 

@@ -7,7 +7,9 @@ What it emulates and how (also posted as a pod event, reason LocalEmulation):
 - runtime: each container runs under a shim (ftjob_local/shim.py) that writes its exit status to a file, so the
   containers outlive this kubelet: a restarted one adopts those still running (worker.PodWorker._adopt), and at
   start kills what is left of pods whose objects are gone (sync.Kubelet._housekeeping).
-- network: each pod gets its own loopback address in 127.10.0.0/16 (status.podIP); there is no isolation.
+- network: each pod gets its own loopback address in 127.10.0.0/16 (status.podIP); no network namespace. A pod that
+  declares containerPorts binds 127.11.x.y instead (what its downward API status.podIP says, objects.own_ip) and
+  the service proxy serves podIP:port for those ports, so NetworkPolicy ingress holds for them as for Services.
 - volumes: emptyDir -> DIR/pods/<uid>/volumes/<name>, persistentVolumeClaim -> DIR/pvcs/<ns>/<claim> (shared like a
   RWX volume), hostPath as is, secret/configMap/downwardAPI -> files. There is no mount namespace, so every
   absolute mountPath prefix found in command, args, env values and workingDir is rewritten to its folder, and

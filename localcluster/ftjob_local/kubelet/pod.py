@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..client import Informer, Kube, Obj
-from ..objects import meta
+from ..objects import meta, own_ip
 from .container import HOST_IP, ConfigError, Ctr
 
 
@@ -54,6 +54,12 @@ class PodBase:
         self.ctrs = [Ctr(c) for c in spec.get("containers") or []]
         self.initialized = not self.inits
 
+    @property
+    def own_ip(self) -> str:
+        """The address the pod's processes bind (objects.own_ip): the pod IP, or for a pod that declares ports the
+        address behind it, the pod IP's declared ports being the service proxy's."""
+        return own_ip(self.pod, self.pod_ip)
+
     def _init_failed(self) -> bool:
         return any(c.done and c.state.get("terminated", {}).get("exitCode") for c in self.inits)
 
@@ -69,8 +75,8 @@ class PodBase:
             "metadata.uid": m.get("uid"),
             "spec.nodeName": self.node,
             "spec.serviceAccountName": (pod.get("spec") or {}).get("serviceAccountName"),
-            "status.podIP": self.pod_ip,
-            "status.podIPs": self.pod_ip,
+            "status.podIP": self.own_ip,
+            "status.podIPs": self.own_ip,
             "status.hostIP": HOST_IP,
             "status.hostIPs": HOST_IP,
         }

@@ -20,7 +20,7 @@ class PodProbes(PodProcesses):
             if "httpGet" in probe:
                 h = probe["httpGet"]
                 port = self._port(c, h.get("port"))
-                host = h.get("host") or self.pod_ip
+                host = h.get("host") or self.own_ip  # as from inside the pod
                 url = f"{h.get('scheme', 'HTTP').lower()}://{host}:{port}{h.get('path', '/')}"
                 req = urllib.request.Request(
                     url, headers={x["name"]: x["value"] for x in h.get("httpHeaders") or []}
@@ -30,7 +30,7 @@ class PodProbes(PodProcesses):
             if "tcpSocket" in probe:
                 t = probe["tcpSocket"]
                 with socket.create_connection(
-                    (t.get("host") or self.pod_ip, self._port(c, t.get("port"))), timeout
+                    (t.get("host") or self.own_ip, self._port(c, t.get("port"))), timeout
                 ):
                     return True
             if "exec" in probe:

@@ -213,7 +213,14 @@ class PodWorker(PodProbes, PodVolumes, PodStatus):
             "LocalEmulation",
             f"Local kubelet: containers run as processes on this machine. Image ({image or 'none'}) is ignored: "
             f"command/args run with {Path(sys.executable).parent} first on PATH. Resource limits are not "
-            f"enforced. No network isolation: pod IP {self.pod_ip} is a loopback address. No mount namespace: "
+            f"enforced. No network namespace: pod IP {self.pod_ip} is a loopback address"
+            + (
+                f", its declared ports served by the service proxy (which enforces NetworkPolicy ingress) and "
+                f"the containers' own address (status.podIP in the downward API) {self.own_ip}"
+                if self.own_ip != self.pod_ip
+                else ""
+            )
+            + ". No mount namespace: "
             f"mountPath prefixes in command/args/env/workingDir are rewritten to folders ({mount_text}; also in "
             f"${ENV_MOUNTS}); the termination message file is given in ${ENV_TERMINATION_LOG}."
             + (" " + " ".join(notes) if notes else ""),
