@@ -1,13 +1,14 @@
 """The kopf handlers: gather observations, call the pure planner, apply its plan.
 
-One daemon per TrainingJob loops observe -> plan -> apply. Watch events on the job, on its pods (label
-ftjob.dev/job-name) and on nodes wake it at once, so a preempted worker is replaced within a pass; otherwise it
-sleeps for the planner's requeue hint (or a short poll of the coordinator's progress).
+One daemon per TrainingJob loops observe -> plan -> apply. Watch events on the job, on its children (label
+ftjob.dev/job-name, informer.py) and on nodes wake it at once, so a preempted worker is replaced within a pass;
+otherwise it sleeps for the planner's requeue hint (or a short poll of the coordinator's progress). No daemon
+passes before the children's caches have listed once since the operator started.
 
 Each pass, in this order:
-1. observe: the job (fresh GET), its pods, the nodes (a kopf index fed by the node watch), the coordinator Service
-   (its clusterIP), the job's token (derived, tokens.py; read back from its Secret only without a key), and the
-   coordinator's progress over its HTTP API;
+1. observe: the job (fresh GET), its pods and its coordinator Service (its clusterIP) from the watch-fed caches
+   (informer.py: no list per pass), the nodes (a kopf index fed by the node watch), the job's token (derived,
+   tokens.py; read back from its cached Secret only without a key), and the coordinator's progress over its HTTP API;
 2. plan: `planner.plan(observed, now)`;
 3. write the status (a merge patch of what changed). Nothing else happens unless this succeeds;
 4. emit the plan's events (after the status write, so each transition is announced once);
@@ -20,11 +21,11 @@ instant creates no duplicates and loses no counter.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import os
 import secrets
 import sys
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -35,8 +36,9 @@ from . import api, planner, render, tokens
 from . import conditions as cond
 from . import network_policy as netpol
 from .coordinator_client import CoordinatorClient, CoordinatorError, control_url
+from .informer import JobChildren
 from .kube import Kube
-from .metrics import Metrics
+from .runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -53,55 +55,6 @@ DEBOUNCE_SECONDS = 0.1  # let a burst of watch events (a pod's status, then its 
 PERMANENT_ERROR_RETRY_SECONDS = 60.0
 CHECKPOINT_REQUEST_ATTEMPTS = 3
 NOTICE_MEMORY = timedelta(minutes=10)  # a termination notice older than this does not start a recovery clock
-
-
-@dataclass
-class Runtime:
-    """What the handlers share: created once by `run()`, reached through kopf's memo."""
-
-    namespaces: list[str]
-    kubeconfig: str | None
-    metrics_port: int
-    peering: str | None
-    # For jobs without spec.image: env FTJOB_DEFAULT_TRAINER_IMAGE (the chart sets it from trainer.image).
-    default_image: str = ""
-    metrics: Metrics = field(default_factory=Metrics)
-    kube: Kube | None = None
-    coordinator: CoordinatorClient | None = None
-    wakers: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
-    # resourceVersion of our last status write, so its watch echo does not wake the loop again
-    written: dict[tuple[str, str], str] = field(default_factory=dict)
-    notices: dict[tuple[str, str], datetime] = field(default_factory=dict)  # first termination notice seen
-    # Nodes whose DELETED watch event we saw: only these count as gone (the index may lag a new node).
-    deleted_nodes: set[str] = field(default_factory=set)
-    # tokens.py: the key the job tokens are derived from (env FTJOB_TOKEN_KEY); None: read them back instead.
-    token_key: bytes | None = None
-    network_policy: bool = True  # make each job's NetworkPolicy (`--network-policy`)
-    operator_pods: netpol.OperatorPods | None = None
-    # Termination taint keys beyond preemption.TERMINATION_TAINTS (env FTJOB_EXTRA_TERMINATION_TAINTS).
-    extra_termination_taints: frozenset[str] = frozenset()
-    # Children the operator creates once and never reads back (the Secret when tokens are derived, the
-    # NetworkPolicy): (kind, namespace, name, job uid) once created or found existing (409) by this process.
-    created: set[tuple[str, str, str, str]] = field(default_factory=set)
-
-    def waker(self, namespace: str, name: str) -> asyncio.Event:
-        return self.wakers.setdefault((namespace, name), asyncio.Event())
-
-    def wake(self, namespace: str | None, name: str | None) -> None:
-        event = self.wakers.get((namespace or "", name or ""))
-        if event is not None:
-            event.set()
-
-    def forget(self, namespace: str, name: str) -> None:
-        """Everything kept per job, dropped when its daemon stops."""
-        self.metrics.forget(namespace, name)
-        for per_job in (self.written, self.wakers, self.notices):
-            per_job.pop((namespace, name), None)
-        self.created = {c for c in self.created if c[1:3] != (namespace, name)}
-
-    def wake_all(self) -> None:
-        for event in self.wakers.values():
-            event.set()
 
 
 def _runtime(memo: Any) -> Runtime:
@@ -123,6 +76,8 @@ async def connect_and_configure(settings: kopf.OperatorSettings, memo: kopf.Memo
     settings.posting.reporting_component = REPORTING_COMPONENT
     rt.kube = await Kube.connect(rt.kubeconfig)
     rt.coordinator = CoordinatorClient.create()
+    rt.children = JobChildren(rt.kube, rt.namespaces, rt.wake, secrets=rt.token_key is None)
+    rt.children.start()
     if rt.peering:
         await rt.kube.ensure_peering(rt.peering, rt.namespaces)
     if rt.metrics_port:
@@ -140,6 +95,8 @@ async def login_with_operator_credentials(memo: kopf.Memo, **_: Any) -> kopf.Con
 @kopf.on.cleanup()
 async def close_clients(memo: kopf.Memo, **_: Any) -> None:
     rt = _runtime(memo)
+    if rt.children is not None:
+        await rt.children.stop()
     await rt.metrics.close()
     if rt.coordinator is not None:
         await rt.coordinator.close()
@@ -155,14 +112,22 @@ def nodes_by_name(name: str, spec: kopf.Spec, **_: Any) -> dict[str, dict[str, A
 
 
 @kopf.on.event("", "v1", "nodes")
-def wake_jobs_on_node_change(name: str, memo: kopf.Memo, type: str | None, **_: Any) -> None:
+def wake_jobs_on_node_change(name: str, spec: kopf.Spec, memo: kopf.Memo, type: str | None, **_: Any) -> None:
     rt = _runtime(memo)
+    taints = list(spec.get("taints") or [])
     if type == "DELETED":
         rt.deleted_nodes.add(name)
+        rt.node_taints.pop(name, None)
+        changed = True
     else:
         rt.deleted_nodes.discard(name)  # a node of that name (re)appeared
-    # A termination taint or a node gone concerns whichever jobs have pods there; a pass per job is cheap.
-    if type is not None:  # None: the initial listing, which the daemons' first pass covers anyway
+        changed = rt.node_taints.get(name) != taints
+        rt.node_taints[name] = taints
+    # A node that appears, goes, or changes its taints (a termination notice) concerns whichever jobs have pods
+    # there: a pass for every job. Nothing else of a node matters to the planner, so its heartbeats (a status
+    # write every few seconds) wake no job: with thousands of jobs, waking all on each would cost a pass per job
+    # per heartbeat. None: the initial listing, which the daemons' first pass covers anyway.
+    if changed and type is not None:
         rt.wake_all()
 
 
@@ -190,11 +155,6 @@ def node_view(
     return out
 
 
-@kopf.on.event("", "v1", "pods", labels={render.LABEL_JOB_NAME: kopf.PRESENT})
-def wake_job_on_pod_change(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
-    _runtime(memo).wake(namespace, labels.get(render.LABEL_JOB_NAME))
-
-
 @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
 def wake_job_on_change(namespace: str, name: str, meta: kopf.Meta, memo: kopf.Memo, **_: Any) -> None:
     rt = _runtime(memo)
@@ -219,6 +179,11 @@ async def keep_training_job_converged(
     # job and calls the daemon again after the error's delay.
     rt = _runtime(memo)
     wake = rt.waker(namespace, name)
+    assert rt.children is not None
+    if (
+        not rt.children.synced()
+    ):  # plan from complete caches only (a pod missing from them would be re-created)
+        await _wait_or_stop(rt.children.wait_synced(), stopped)
     while not stopped:
         wake.clear()  # events from now on mean "look again"
         try:
@@ -238,6 +203,16 @@ async def keep_training_job_converged(
         await _sleep_until_woken(wake, stopped, timeout)
     # Stopped: the job was deleted, the operator exits, or peering paused it; its figures are no longer ours.
     rt.forget(namespace, name)
+
+
+async def _wait_or_stop(waiting: Any, stopped: kopf.DaemonStopped) -> None:
+    task = asyncio.ensure_future(waiting)
+    stop = asyncio.create_task(stopped.wait())
+    try:
+        await asyncio.wait([task, stop], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        task.cancel()
+        stop.cancel()
 
 
 async def _sleep_until_woken(wake: asyncio.Event, stopped: kopf.DaemonStopped, timeout: float) -> None:
@@ -277,14 +252,13 @@ async def reconcile(
 async def observe(
     rt: Runtime, job: dict[str, Any], nodes: list[dict[str, Any]], logger: logging.Logger
 ) -> planner.Observed:
-    assert rt.kube is not None
+    assert rt.children is not None
     meta = job["metadata"]
     namespace, name, uid = meta.get("namespace") or "default", meta["name"], meta.get("uid")
-    pods = await rt.kube.list_pods(namespace, f"{render.LABEL_JOB_NAME}={name}")
     # Pods of an earlier job with the same name (still being garbage-collected) are not this job's.
-    pods = [p for p in pods if planner.owned_by(p, uid)]
+    pods = [p for p in rt.children.pods(namespace, name) if planner.owned_by(p, uid)]
     known_nodes = node_view(nodes, pods, rt.deleted_nodes)
-    service = await rt.kube.get_service(namespace, render.service_name(name))
+    service = rt.children.get("services", namespace, render.service_name(name))
     secret_exists, token = await job_token(rt, namespace, name, uid)
     progress = await read_progress(rt, pods, service, token, logger)
     return planner.Observed(
@@ -297,7 +271,9 @@ async def observe(
         new_token=token or secrets.token_urlsafe(32),
         default_image=rt.default_image,
         network_policy=rt.network_policy,
-        network_policy_exists=("NetworkPolicy", namespace, netpol.policy_name(name), uid) in rt.created,
+        network_policy_exists=rt.was_created(
+            namespace, name, "NetworkPolicy", netpol.policy_name(name), uid or ""
+        ),
         operator_pods=rt.operator_pods,
         extra_termination_taints=rt.extra_termination_taints,
     )
@@ -306,12 +282,16 @@ async def observe(
 async def job_token(rt: Runtime, namespace: str, name: str, uid: str) -> tuple[bool, str]:
     """(whether the job's token Secret exists, its token): derived from the key, never read (tokens.py); without
     a key, read back from the Secret ("" when there is none yet)."""
-    assert rt.kube is not None
+    assert rt.children is not None
     if rt.token_key is not None:
-        exists = ("Secret", namespace, render.secret_name(name), uid) in rt.created
+        exists = rt.was_created(namespace, name, "Secret", render.secret_name(name), uid)
         return exists, tokens.derive(rt.token_key, namespace, name, uid)
-    secret = await rt.kube.get_secret(namespace, render.secret_name(name), render.TOKEN_KEY)
-    return secret.exists, secret.token
+    secret = rt.children.get("secrets", namespace, render.secret_name(name))
+    if secret is None:
+        return False, ""
+    # The API server turns stringData into data on write; a read never carries stringData.
+    encoded = (secret.get("data") or {}).get(render.TOKEN_KEY)
+    return True, base64.b64decode(encoded).decode() if encoded else ""
 
 
 def _coordinator_url(service: dict[str, Any] | None) -> str | None:
@@ -364,7 +344,7 @@ async def apply(
         if isinstance(action, planner.Create):
             created = await rt.kube.create(namespace, action.manifest)
             logger.info("%s %s %s", "created" if created else "already exists:", action.kind, action.name)
-            rt.created.add((action.kind, namespace, action.name, meta.get("uid") or ""))
+            rt.record_created(namespace, name, action.kind, action.name, meta.get("uid") or "")
         elif isinstance(action, planner.Delete):
             gone = not await rt.kube.delete(
                 namespace,
@@ -386,11 +366,11 @@ async def apply(
 
 async def request_checkpoint(rt: Runtime, job: dict[str, Any], reason: str, logger: logging.Logger) -> None:
     """POST /v1/checkpoint. The planner already recorded the request as handled, so a few quick retries here."""
-    assert rt.kube is not None and rt.coordinator is not None
+    assert rt.children is not None and rt.coordinator is not None
     meta = job["metadata"]
     namespace, name = meta.get("namespace") or "default", meta["name"]
     error = "the coordinator Service has no clusterIP"
-    url = _coordinator_url(await rt.kube.get_service(namespace, render.service_name(name)))
+    url = _coordinator_url(rt.children.get("services", namespace, render.service_name(name)))
     _, token = await job_token(rt, namespace, name, meta.get("uid") or "")
     for attempt in range(CHECKPOINT_REQUEST_ATTEMPTS if url else 0):
         try:
@@ -469,7 +449,7 @@ def run(
     )
     if rt.token_key is None:
         log.warning(
-            "%s is not set: job tokens are random and read back from their Secrets (needs get on secrets; "
+            "%s is not set: job tokens are random and read back from their Secrets (needs list and watch on secrets; "
             "the chart sets a key so the operator never reads a Secret)",
             tokens.TOKEN_KEY_ENV,
         )

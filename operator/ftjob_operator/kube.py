@@ -17,6 +17,7 @@ import inspect
 import json
 import logging
 import os
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,6 +164,49 @@ class Kube:
             )
         return doc
 
+    async def watch(
+        self, path: str, query: list[tuple[str, Any]], timeout_seconds: int
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The events of a watch (`?watch=true` is added), parsed, until the server ends the stream. Raises
+        ApiFailure for an HTTP error answer and kopf.TemporaryError for transport failures; an ERROR event (410
+        Gone) is yielded like any other."""
+        what = f"watch {path}"
+        try:
+            params = await self.api.param_serialize(
+                method="GET",
+                resource_path=path,
+                query_params=[*query, ("watch", "true"), ("timeoutSeconds", timeout_seconds)],
+                header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"],
+            )
+            # No total limit beyond the server's own end of the stream; a silent connection ends it sooner.
+            timeout = aiohttp.ClientTimeout(total=timeout_seconds + 60, sock_connect=REQUEST_TIMEOUT_SECONDS)
+            resp = await self.api.call_api(*params, _request_timeout=timeout)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            raise kopf.TemporaryError(
+                f"{what}: {type(exc).__name__}: {exc}", delay=RETRY_DELAY_SECONDS
+            ) from exc
+        try:
+            if resp.status >= 400:
+                raw = await resp.read()
+                try:
+                    doc = json.loads(raw)
+                except ValueError:
+                    doc = {"message": raw[:200].decode(errors="replace")}
+                raise ApiFailure(
+                    what, resp.status, str(doc.get("reason") or ""), str(doc.get("message") or "")
+                )
+            try:
+                async for line in resp.response.content:
+                    if line.strip():
+                        yield json.loads(line)
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+                raise kopf.TemporaryError(
+                    f"{what}: {type(exc).__name__}: {exc}", delay=RETRY_DELAY_SECONDS
+                ) from exc
+        finally:
+            resp.response.release()
+
     async def _call(self, method: str, path: str, what: str, **kwargs: Any) -> dict[str, Any]:
         try:
             return await self.request(method, path, what, **kwargs)
@@ -182,14 +226,18 @@ class Kube:
         path = _COLLECTIONS[api.KIND].format(namespace=namespace) + f"/{name}"
         return await self._get_or_none(path, f"get TrainingJob {namespace}/{name}")
 
-    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        doc = await self._call(
-            "GET",
-            _COLLECTIONS["Pod"].format(namespace=namespace),
-            f"list pods {namespace} {selector}",
-            query=[("labelSelector", selector)],
-        )
-        return list(doc.get("items") or [])
+    async def list_pages(
+        self, path: str, selector: str, limit: int = 500
+    ) -> AsyncIterator[tuple[list[dict[str, Any]], str]]:
+        """A list in pages of `limit`: (items, the resourceVersion of the list) per page."""
+        query: list[tuple[str, Any]] = [("labelSelector", selector), ("limit", limit)]
+        while True:
+            doc = await self._call("GET", path, f"list {path} {selector}", query=query)
+            meta = doc.get("metadata") or {}
+            yield list(doc.get("items") or []), str(meta.get("resourceVersion") or "")
+            if not meta.get("continue"):
+                return
+            query = [("labelSelector", selector), ("limit", limit), ("continue", meta["continue"])]
 
     async def get_service(self, namespace: str, name: str) -> dict[str, Any] | None:
         path = _COLLECTIONS["Service"].format(namespace=namespace) + f"/{name}"

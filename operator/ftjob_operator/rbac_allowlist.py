@@ -41,10 +41,14 @@ NAMESPACED: tuple[Grant, ...] = (
         "",
         "pods",
         frozenset({"create", "delete", "list", "watch"}),
-        "coordinator and worker pods: create, replace, delete; list by job label and watch their phases",
+        "coordinator and worker pods: create, replace, delete; list and watch by job label (informer.py's "
+        "cache, read by every pass)",
     ),
     Grant(
-        "", "services", frozenset({"create", "get"}), "the coordinator Service; its clusterIP is read back"
+        "",
+        "services",
+        frozenset({"create", "list", "watch"}),
+        "the coordinator Service; its clusterIP is read from a watch-fed cache (informer.py)",
     ),
     Grant("", "secrets", frozenset({"create"}), "the job's token Secret: created, never read (tokens.py)"),
     Grant(

@@ -7,7 +7,8 @@ the environment variable FTJOB_TOKEN_KEY (the chart fills it from its Secret `<r
 secretKeyRef, so the operator does not read that one either; `ftjob local up` keeps one in its state folder).
 
 Without a key (an operator run by hand with an administrator's kubeconfig) the operator falls back to a random token
-per job that it reads back from the Secret, which needs `get` on secrets.
+per job that it reads back from the Secret (a watch-fed cache of the jobs' Secrets, informer.py), which needs
+`list` and `watch` on secrets.
 """
 
 from __future__ import annotations

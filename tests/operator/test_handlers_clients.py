@@ -103,8 +103,10 @@ def test_delete_with_grace_then_again_is_done_and_pods_list_by_label(kubeconfig)
 
     async def go(kube: Kube):
         await kube.create(NS, pod)
-        listed = [p["metadata"]["name"] for p in await kube.list_pods(NS, "ftjob.dev/job-name=j1")]
-        other = await kube.list_pods(NS, "ftjob.dev/job-name=j2")
+        path = f"/api/v1/namespaces/{NS}/pods"
+        listed = [p["metadata"]["name"] async for page, _ in kube.list_pages(path, "ftjob.dev/job-name=j1")
+                  for p in page]  # fmt: skip
+        other = [p async for page, _ in kube.list_pages(path, "ftjob.dev/job-name=j2") for p in page]
         deleted = await kube.delete(NS, "Pod", "p1", grace_period_seconds=0)
         again = await kube.delete(NS, "Pod", "p1")
         return listed, other, deleted, again
@@ -314,7 +316,7 @@ def test_progress_goodput_lost_time_and_checkpoint_age_come_from_job_status():
 def test_a_stopped_daemon_leaves_nothing_of_its_job_in_the_runtime():
     from datetime import datetime, timezone
 
-    from ftjob_operator.handlers import Runtime
+    from ftjob_operator.runtime import Runtime
 
     rt = Runtime(namespaces=[], kubeconfig=None, metrics_port=0, peering=None)
     for name in ("a", "b"):
@@ -322,8 +324,11 @@ def test_a_stopped_daemon_leaves_nothing_of_its_job_in_the_runtime():
         rt.waker("ns", name)
         rt.written[("ns", name)] = "7"
         rt.notices[("ns", name)] = datetime.now(timezone.utc)
+        rt.record_created("ns", name, "Secret", f"{name}-token", "uid-" + name)
     rt.forget("ns", "a")
-    assert (list(rt.wakers), list(rt.written), list(rt.notices)) == ([("ns", "b")],) * 3
+    assert (list(rt.wakers), list(rt.written), list(rt.notices), list(rt.created)) == ([("ns", "b")],) * 4
+    assert not rt.was_created("ns", "a", "Secret", "a-token", "uid-a")
+    assert rt.was_created("ns", "b", "Secret", "b-token", "uid-b")
     jobs = {labels for (metric, labels) in _samples(rt.metrics) if metric == "ftjob_preemptions_total"}
     assert jobs == {(("job", "b"), ("namespace", "ns"))}
 

@@ -508,3 +508,70 @@ def test_operator_crash_mid_preemption_makes_no_duplicates_and_keeps_counters(jo
     # No pod was created twice for one slot: nothing had to be scaled away.
     assert "ScaledDown" not in env.reasons(name), env.reasons(name)
     assert env.operator.metric("ftjob_preemptions_total", namespace=NS, job=name) == len(on_node)
+
+
+def _api_requests(env: Env) -> dict[tuple[str, str], int]:
+    """The local API server's request counts (GET /metrics): (VERB, resource) -> count."""
+    url = env.kube.client.configuration.host + "/metrics"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        text = resp.read().decode()
+    counts: dict[tuple[str, str], int] = {}
+    for line in text.splitlines():
+        if line.startswith("apiserver_request_total{"):
+            labels = dict(kv.split("=", 1) for kv in line[line.index("{") + 1 : line.index("}")].split(","))
+            key = (labels["verb"].strip('"'), labels["resource"].strip('"'))
+            counts[key] = counts.get(key, 0) + int(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def test_passes_read_pods_from_the_cache_and_a_pod_deleted_while_the_operator_is_down_is_replaced(jobs):
+    env, name = jobs, "cached"
+    env.create_job(name, "serve")
+    env.until(
+        lambda: env.status(name).get("phase") == "Running" and env.status(name)["workers"]["ready"] == 1,
+        60,
+        "Running",
+        name,
+    )
+    # Every pass GETs its job fresh: wake the job a few times (an annotation change; one at a time, as the daemon
+    # folds a burst of changes into one pass) and count the requests. None of the passes lists pods (nor Services,
+    # nor Secrets): they read the watch-fed caches.
+    before = _api_requests(env)
+    for i in range(5):
+        gets = _api_requests(env).get(("GET", "trainingjobs"), 0)
+        env.patch_job(name, {"metadata": {"annotations": {"test.ftjob.dev/poke": str(i)}}})
+        env.until(
+            lambda gets=gets: _api_requests(env).get(("GET", "trainingjobs"), 0) > gets,
+            30,
+            f"a pass after poke {i}",
+            name,
+        )
+    after = _api_requests(env)
+    for resource in ("pods", "services", "secrets"):
+        assert after.get(("LIST", resource), 0) == before.get(("LIST", resource), 0), (
+            resource,
+            before,
+            after,
+        )
+        assert after.get(("GET", resource), 0) == before.get(("GET", resource), 0), (resource, before, after)
+
+    # The operator stops; a worker is deleted while nothing watches; the new operator's cache lists it as gone.
+    (old,) = env.live_workers(name)
+    coordinators = {p["metadata"]["name"] for p in env.pods(name, render.ROLE_COORDINATOR)}
+    env.operator.stop()
+    try:
+        env.kube.delete(f"{PODS}/{old['metadata']['name']}", grace=0)
+        env.until(
+            lambda: env.kube.get(f"{PODS}/{old['metadata']['name']}") is None, 30, "the worker gone", name
+        )
+    finally:
+        env.operator.start()
+    env.until(
+        lambda: [p for p in env.live_workers(name) if p["metadata"]["name"] != old["metadata"]["name"]],
+        60,
+        "a replacement for the worker deleted while the operator was down",
+        name,
+    )
+    # The first pass after the start saw the full cache: nothing else was created again.
+    assert {p["metadata"]["name"] for p in env.pods(name, render.ROLE_COORDINATOR)} == coordinators
+    assert len(env.live_workers(name)) == 1, [p["metadata"]["name"] for p in env.live_workers(name)]

@@ -14,16 +14,17 @@ operator under exactly these rules and fails on any 403. */}}
   resources: [trainingjobs/status]
   verbs: [patch]
 # Children: coordinator and worker pods. Create replacements, delete on preemption, scale-down, restart or finish;
-# list (by job label) and watch to observe phases, exit codes and DisruptionTarget conditions. Pods are never
-# patched or read one by one.
+# list and watch (by job label, the operator's watch-fed cache) to observe phases, exit codes and DisruptionTarget
+# conditions. Pods are never patched or read one by one.
 - apiGroups: [""]
   resources: [pods]
   verbs: [create, delete, list, watch]
-# Children: the coordinator Service (rendezvous store and control API; its clusterIP is read with a GET) and the
-# job's control-API token Secret. Both are owned by the job, so the garbage collector deletes them with it.
+# Children: the coordinator Service (rendezvous store and control API; its clusterIP is read from the operator's
+# watch-fed cache) and the job's control-API token Secret. Both are owned by the job, so the garbage collector
+# deletes them with it.
 - apiGroups: [""]
   resources: [services]
-  verbs: [create, get]
+  verbs: [create, list, watch]
 # The token Secret is created, never read: the operator derives the token from its key (tokens.py), so it cannot
 # read any Secret, its own jobs' included.
 - apiGroups: [""]
