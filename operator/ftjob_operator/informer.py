@@ -10,7 +10,9 @@ lists again but keeps every indexed object whose DELETED event fell into the gap
 new listing holds), so a pod deleted then would stay in the cache for good.
 
 `JobChildren` holds the informers; `synced()` is set once every informer has listed since the operator started,
-and the handlers wait for it before their first pass, so no job is planned from an empty cache.
+and the handlers wait for it before their first pass, so no job is planned from an empty cache. Reading a cache
+that has not listed yet raises `NotSynced` (a `kopf.TemporaryError`) rather than answering "no pods": a pass that
+got there anyway is retried instead of re-creating the job's pods.
 
 Objects are kept trimmed to what the planner reads (`trim`): a cache of 15,000 pods holds their metadata, node
 name and status, not their containers.
@@ -72,6 +74,13 @@ class WatchExpired(Exception):
     """410 Gone: the watch cannot resume; list again."""
 
 
+class NotSynced(kopf.TemporaryError):
+    """A read of a cache that has not listed since the operator started: it would answer "none" for everything."""
+
+    def __init__(self, path: str):
+        super().__init__(f"the cache of {path} has not listed yet", delay=RETRY_SECONDS)
+
+
 class Informer:
     """One kind's labelled objects, kept current by list + watch; `on_change` hears of each job whose children
     changed. Read it with `of_job` and `get`."""
@@ -85,13 +94,22 @@ class Informer:
         self.by_name: dict[tuple[str, str], Obj] = {}
         self.synced = asyncio.Event()
         self.listings = 0  # how many times it listed (the first, then after each 410)
+        # The version to resume from: the list's, then each event's. Kept across a dropped stream, so a reconnect
+        # replays only what came after the last event applied. None: list (first, and after a 410).
+        self.resource_version: str | None = None
 
     # --- reads ----------------------------------------------------------------------------------------------------
     def of_job(self, namespace: str, job: str) -> list[Obj]:
+        self._check_synced()
         return list(self.by_job.get((namespace, job), {}).values())
 
     def get(self, namespace: str, name: str) -> Obj | None:
+        self._check_synced()
         return self.by_name.get((namespace, name))
+
+    def _check_synced(self) -> None:
+        if not self.synced.is_set():
+            raise NotSynced(self.path)
 
     # --- the cache ------------------------------------------------------------------------------------------------
     def _put(self, obj: Obj) -> None:
@@ -140,15 +158,14 @@ class Informer:
     # --- list + watch ---------------------------------------------------------------------------------------------
     async def run(self) -> None:
         """Forever: list, then watch and resume; list again after a 410. Cancel the task to stop it."""
-        rv: str | None = None
         while True:
             try:
-                if rv is None:
-                    rv = await self._list()
-                rv = await self._watch(rv)
+                if self.resource_version is None:
+                    self.resource_version = await self._list()
+                await self._watch()
             except WatchExpired:
                 log.info("%s: the watch history is gone (410); listing again", self.path)
-                rv = None
+                self.resource_version = None
             except (kopf.TemporaryError, kopf.PermanentError, ApiFailure) as exc:
                 log.warning("%s: %s; retrying in %.0f s", self.path, exc, RETRY_SECONDS)
                 await asyncio.sleep(RETRY_SECONDS)
@@ -165,9 +182,14 @@ class Informer:
         self.synced.set()
         return rv
 
-    async def _watch(self, rv: str) -> str:
+    async def _watch(self) -> None:
+        """One watch from `resource_version` until the stream ends, advancing it with each event applied."""
         timeout = WATCH_TIMEOUT_SECONDS + random.randint(0, 60)  # spread the informers' reconnects
-        query = [("labelSelector", self.selector), ("resourceVersion", rv), ("allowWatchBookmarks", "true")]
+        query = [
+            ("labelSelector", self.selector),
+            ("resourceVersion", self.resource_version),
+            ("allowWatchBookmarks", "true"),
+        ]
         try:
             async for event in self.kube.watch(self.path, query, timeout):
                 kind, obj = event.get("type"), event.get("object") or {}
@@ -175,16 +197,17 @@ class Informer:
                     if obj.get("code") == 410:
                         raise WatchExpired()
                     raise ApiFailure(f"watch {self.path}", int(obj.get("code") or 500), "", str(obj))
-                rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
                 if kind in ("ADDED", "MODIFIED"):
                     self._put(trim(self.kind, obj))
                 elif kind == "DELETED":
                     self._delete(obj)
+                self.resource_version = (obj.get("metadata") or {}).get(
+                    "resourceVersion"
+                ) or self.resource_version
         except ApiFailure as exc:
             if exc.status == 410:
                 raise WatchExpired() from exc
             raise
-        return rv
 
 
 class JobChildren:

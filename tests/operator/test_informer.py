@@ -5,6 +5,7 @@ watched is dropped (and its job woken), and Services and Secrets are read by nam
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from pathlib import Path
 
@@ -13,8 +14,10 @@ from ftjob_local.apiserver import start_in_thread
 from ftjob_local.apiserver.resources import POD_KEY
 from ftjob_local.cluster import write_kubeconfig
 from ftjob_operator import render
-from ftjob_operator.informer import JobChildren, trim
+from ftjob_operator.handlers import observe
+from ftjob_operator.informer import JobChildren, NotSynced, trim
 from ftjob_operator.kube import Kube
+from ftjob_operator.runtime import Runtime
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 NS = "default"
@@ -83,7 +86,12 @@ def test_the_cache_holds_what_a_list_returns_across_a_watch_restart_and_a_410(se
             assert await same_as_a_list() and len(children.pods(NS, "j1")) == 3
             assert "containers" not in children.pods(NS, "j1")[0]["spec"]  # trimmed to what the planner reads
 
-            # A watch restart (the server ends every stream): the watch resumes from its last version.
+            # A watch restart (the server ends every stream, once the informer's is open): the watch resumes from
+            # its last version.
+            def pod_watches() -> int:
+                return handle.call(lambda: len(handle.server.store.kind(POD_KEY).watchers))
+
+            await _until(lambda: pod_watches() > 0, "the pod watch open")
             handle.call(handle.server.store.close_watches)
             await kube.create(NS, _pod("a3", "j1"))
             await kube.delete(NS, "Pod", "a0", grace_period_seconds=0)
@@ -101,6 +109,7 @@ def test_the_cache_holds_what_a_list_returns_across_a_watch_restart_and_a_410(se
                 objects.delete(objects.registry.types[POD_KEY], NS, "b0", {"gracePeriodSeconds": 0})
                 store.compact()
 
+            await _until(lambda: pod_watches() > 0, "the pod watch open again")
             handle.call(delete_unwatched_then_compact)
             await _until(lambda: informer.listings == 2, "a second listing after the 410")
             await until_same("after a 410 Gone")
@@ -135,6 +144,17 @@ def test_the_cache_starts_unsynced_and_without_namespaces_watches_the_cluster(se
             assert not children.synced() and not children.watches("secrets")
             assert {i.path for i in children.informers.values()} == {"/api/v1/pods", "/api/v1/services"}
             await kube.create(NS, _pod("p-" + uuid.uuid4().hex[:6], "j9"))
+            # Before its first listing a cache refuses to answer (it would say "no pods", and a pass would create
+            # them again): the pass stops at observing and kopf retries it.
+            with pytest.raises(NotSynced):
+                children.pods(NS, "j9")
+            with pytest.raises(NotSynced):
+                children.get("services", NS, "j9-coordinator")
+            rt = Runtime(namespaces=[], kubeconfig=None, metrics_port=0, peering=None, kube=kube)
+            rt.children = children
+            job = {"metadata": {"name": "j9", "namespace": NS, "uid": "u9"}, "spec": {"workers": {}}}
+            with pytest.raises(NotSynced):
+                await observe(rt, job, [], logging.getLogger("test"))
             children.start()
             await asyncio.wait_for(children.wait_synced(), 20)
             assert children.synced() and len(children.pods(NS, "j9")) == 1
