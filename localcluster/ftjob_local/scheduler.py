@@ -1,10 +1,14 @@
 """The local scheduler: binds pending pods to ready nodes.
 
-Filters as kube-scheduler's default plugins do for what ftjob uses: node Ready and schedulable, nodeSelector and
-required node affinity, NoSchedule/NoExecute taints against tolerations, requested cpu/memory/nvidia.com/gpu and
-the pod count against allocatable. Among the nodes that fit it picks the one with the fewest pods (spreading, like
-the default least-allocated score). A pod that fits nowhere stays Pending with PodScheduled=False (Unschedulable)
-and a FailedScheduling event; it is retried whenever pods or nodes change.
+Filters as kube-scheduler's default plugins do for what ftjob uses: node Ready and schedulable (a cordoned node
+only for a pod that tolerates node.kubernetes.io/unschedulable), nodeSelector and required node affinity
+(matchExpressions and matchFields), NoSchedule/NoExecute taints against tolerations, requested
+cpu/memory/nvidia.com/gpu and the pod count against allocatable, then the rules between pods (placement.py:
+required pod (anti-)affinity, topology spread constraints with DoNotSchedule). Among the nodes that fit it picks
+the best by placement.inter_pod_penalty (preferred (anti-)affinity, ScheduleAnyway spreads), then fewer untolerated
+PreferNoSchedule taints, then the fewest pods (spreading, like the default least-allocated score). A pod that fits
+nowhere stays Pending with PodScheduled=False (Unschedulable) and a FailedScheduling event; it is retried whenever
+pods or nodes change. `choose_node` is the whole decision, pure.
 """
 
 from __future__ import annotations
@@ -27,9 +31,11 @@ from .objects import (
     post_event,
     set_condition,
 )
+from .placement import Placed, inter_pod_filter, inter_pod_penalty, node_fits_affinity
 
 log = logging.getLogger(__name__)
 SCHEDULER_NAME = "default-scheduler"
+UNSCHEDULABLE_TAINT = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
 
 
 def tolerates(tolerations: list[Obj], taint: Obj) -> bool:
@@ -47,38 +53,6 @@ def tolerates(tolerations: list[Obj], taint: Obj) -> bool:
     return False
 
 
-def _match_expression(labels: dict, expr: Obj) -> bool:
-    key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
-    has = key in labels
-    if op == "In":
-        return has and labels[key] in values
-    if op == "NotIn":
-        return not has or labels[key] not in values
-    if op == "Exists":
-        return has
-    if op == "DoesNotExist":
-        return not has
-    if op in ("Gt", "Lt") and has and values:
-        try:
-            a, b = int(labels[key]), int(values[0])
-        except ValueError:
-            return False
-        return a > b if op == "Gt" else a < b
-    return False
-
-
-def node_fits_affinity(pod: Obj, node: Obj) -> bool:
-    labels = meta(node).get("labels") or {}
-    required = (((pod.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}).get(
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    ) or {}
-    terms = required.get("nodeSelectorTerms") or []
-    if not terms:
-        return True
-    # Terms are ORed, expressions within a term ANDed.
-    return any(all(_match_expression(labels, e) for e in t.get("matchExpressions") or []) for t in terms)
-
-
 def is_ready(node: Obj) -> bool:
     c = condition(node, "Ready")
     return bool(c and c.get("status") == "True")
@@ -90,7 +64,9 @@ def filter_node(pod: Obj, node: Obj, used: dict[str, Decimal], pods_on_node: int
     labels = meta(node).get("labels") or {}
     if not is_ready(node):
         return "node(s) were not ready"
-    if (node.get("spec") or {}).get("unschedulable"):
+    if (node.get("spec") or {}).get("unschedulable") and not tolerates(
+        spec.get("tolerations"), UNSCHEDULABLE_TAINT
+    ):
         return "node(s) were unschedulable"
     for k, v in (spec.get("nodeSelector") or {}).items():
         if labels.get(k) != v:
@@ -112,6 +88,41 @@ def filter_node(pod: Obj, node: Obj, used: dict[str, Decimal], pods_on_node: int
         if asked[r] and used.get(r, Decimal(0)) + asked[r] > parse_quantity(allocatable.get(r, "0")):
             return f"Insufficient {r}"
     return None
+
+
+def _soft_taints(pod: Obj, node: Obj) -> int:
+    """PreferNoSchedule taints the pod does not tolerate (kube-scheduler's TaintToleration score)."""
+    taints = (node.get("spec") or {}).get("taints") or []
+    tolerations = (pod.get("spec") or {}).get("tolerations")
+    return sum(t.get("effect") == "PreferNoSchedule" and not tolerates(tolerations, t) for t in taints)
+
+
+def choose_node(
+    pod: Obj, placed: Placed, used: dict[str, dict[str, Decimal]]
+) -> tuple[str | None, Counter[str]]:
+    """The node for `pod`, or None and how many nodes refused it for each reason."""
+    reasons: Counter[str] = Counter()
+    fits = []
+    for name, node in placed.nodes.items():
+        on_node = len(placed.on.get(name, []))
+        why = filter_node(pod, node, used.get(name, {}), on_node) or inter_pod_filter(pod, node, placed)
+        if why:
+            reasons[why] += 1
+        else:
+            fits.append(name)
+    if not fits:
+        return None, reasons
+
+    def rank(name: str) -> tuple[int, int, int, str]:
+        node = placed.nodes[name]
+        return (
+            inter_pod_penalty(pod, node, placed),
+            _soft_taints(pod, node),
+            len(placed.on.get(name, [])),
+            name,
+        )
+
+    return min(fits, key=rank), reasons
 
 
 class Scheduler:
@@ -150,7 +161,7 @@ class Scheduler:
         pods = self.pods.items()
         nodes = {meta(n)["name"]: n for n in self.nodes.items()}
         used: dict[str, dict[str, Decimal]] = {n: {r: Decimal(0) for r in RESOURCES} for n in nodes}
-        count: Counter[str] = Counter()
+        placed = Placed(nodes)
         pending = []
         for pod in pods:
             uid = meta(pod).get("uid", "")
@@ -159,7 +170,7 @@ class Scheduler:
                 self._assumed.pop(uid, None)
             if node:
                 if node in used and not is_terminal(pod):
-                    count[node] += 1
+                    placed.add(pod, node)
                     for r, q in pod_requests(pod).items():
                         used[node][r] += q
             elif (
@@ -173,20 +184,12 @@ class Scheduler:
         self._reported = {u: m for u, m in self._reported.items() if u in live}
         pending.sort(key=lambda p: (meta(p).get("creationTimestamp") or "", meta(p).get("name")))
         for pod in pending:
-            reasons: Counter[str] = Counter()
-            fits = []
-            for name, node in nodes.items():
-                why = filter_node(pod, node, used[name], count[name])
-                if why:
-                    reasons[why] += 1
-                else:
-                    fits.append(name)
-            if not fits:
+            target, reasons = choose_node(pod, placed, used)
+            if target is None:
                 self._unschedulable(pod, len(nodes), reasons)
                 continue
-            target = min(fits, key=lambda n: (count[n], n))
-            if self._bind(pod, target):
-                count[target] += 1
+            if self._bind(pod, target):  # the next pending pod sees this one where it went
+                placed.add(pod, target)
                 for r, q in pod_requests(pod).items():
                     used[target][r] += q
 

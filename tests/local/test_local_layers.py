@@ -25,6 +25,7 @@ LAYERS = {
     "netpolicy": 2,
     "kubelet": 3,
     "scheduler": 3,
+    "placement": 3,
     "netproxy": 3,
     "preempt": 3,
     "node": 4,
