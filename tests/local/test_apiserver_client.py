@@ -595,6 +595,57 @@ def test_events_expire_after_the_event_ttl(server, api):
     assert [e.metadata.name for e in core.list_namespaced_event(NS).items] == ["new"]
 
 
+def test_a_node_whose_kubelet_stopped_reporting_turns_ready_unknown(tmp_path):
+    """The node lifecycle controller's first duty, driven by hand (a server whose housekeeping does not run)."""
+    import datetime as dt
+
+    from ftjob_local.apiserver import ApiServer
+    from ftjob_local.apiserver.resources import NODE_KEY
+
+    server = ApiServer(str(tmp_path / "state"))
+    rt = server.registry.types[NODE_KEY]
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+
+    def post_status(name: str, beat: str | None) -> None:
+        conds = [
+            {"type": t, "status": s, "reason": "Kubelet", **({"lastHeartbeatTime": beat} if beat else {})}
+            for t, s in (("MemoryPressure", "False"), ("Ready", "True"))
+        ]
+        body = {"status": {"conditions": conds}}
+        server.objects.patch(rt, "v1", "", name, body, "application/merge-patch+json", {}, sub="status")
+
+    def conditions(name: str) -> dict[str, tuple[str, str]]:
+        conds = server.objects.get(rt, "", name)["status"]["conditions"]
+        return {c["type"]: (c["status"], c["reason"]) for c in conds}
+
+    for name in ("quiet", "alive", "by-hand"):
+        server.objects.create(rt, "v1", "", {"metadata": {"name": name}}, {})
+        post_status(name, None if name == "by-hand" else "2020-01-01T00:00:00Z")
+    # Heartbeats are timed from when the server saw them (an old timestamp, a server just started: no verdict).
+    assert server.mark_silent_nodes(t0) == []
+    post_status("alive", "2020-01-01T00:00:30Z")
+    assert server.mark_silent_nodes(t0 + dt.timedelta(seconds=30)) == []
+    assert server.mark_silent_nodes(t0 + dt.timedelta(seconds=41)) == ["quiet"]
+    assert conditions("quiet") == {
+        "Ready": ("Unknown", "NodeStatusUnknown"),
+        "MemoryPressure": ("Unknown", "NodeStatusUnknown"),
+    }
+    ready = next(
+        c for c in server.objects.get(rt, "", "quiet")["status"]["conditions"] if c["type"] == "Ready"
+    )
+    assert ready["message"] == "Kubelet stopped posting node status."
+    assert conditions("alive") == {"Ready": ("True", "Kubelet"), "MemoryPressure": ("False", "Kubelet")}
+    # Marked once; a node nothing posts heartbeats for is not a kubelet's and is left alone.
+    assert server.mark_silent_nodes(t0 + dt.timedelta(seconds=71)) == ["alive"]
+    assert server.mark_silent_nodes(t0 + dt.timedelta(seconds=999)) == []
+    assert conditions("by-hand")["Ready"] == ("True", "Kubelet")
+    # The kubelet is back: its heartbeat sets Ready again, and the clock starts over.
+    post_status("quiet", "2020-01-01T00:05:00Z")
+    assert server.mark_silent_nodes(t0 + dt.timedelta(seconds=1000)) == []
+    assert server.mark_silent_nodes(t0 + dt.timedelta(seconds=1041)) == ["quiet"]
+    server.store.close()
+
+
 def test_many_concurrent_watchers_each_see_every_event(server, api):
     import asyncio
     import json

@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 import os
+import time
 from typing import Any
 
 from aiohttp import web
-from ftjob_trainer.contract import parse_time
+from ftjob_trainer.contract import format_time, parse_time
 
 from .auth import Tokens
 from .calls import Backend
 from .errors import ApiError
 from .objects import Objects
-from .resources import CRD_KEY, EVENT_KEYS, INDEXED_FIELDS, NS_KEY, Registry
+from .resources import CRD_KEY, EVENT_KEYS, INDEXED_FIELDS, NODE_KEY, NS_KEY, Registry
 from .routing import Router
 from .store import Store
 from .wire import errors_as_status, json_response
@@ -23,6 +25,13 @@ from .wire import errors_as_status, json_response
 INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 EVENT_TTL_S = 3600.0  # kube-apiserver --event-ttl default
 HOUSEKEEPING_EVERY_S = 60.0
+# The node lifecycle controller's first duty (kube-controller-manager --node-monitor-grace-period, -period).
+NODE_MONITOR_GRACE_S = 40.0
+NODE_MONITOR_EVERY_S = 5.0
+NODE_STATUS_UNKNOWN = ("NodeStatusUnknown", "Kubelet stopped posting node status.")
+MERGE_PATCH = "application/merge-patch+json"
+
+log = logging.getLogger(__name__)
 
 
 class ApiServer:
@@ -46,6 +55,8 @@ class ApiServer:
         )
         self.app.router.add_route("*", "/{tail:.*}", self.router.dispatch)
         self.app.cleanup_ctx.append(self._housekeeping)
+        # node -> (its last heartbeat, when this server first saw it)
+        self._heartbeats: dict[str, tuple[str, dt.datetime]] = {}
 
     @web.middleware
     async def _answer_once_durable(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -71,12 +82,20 @@ class ApiServer:
         return self.backend.logs_dir(ns, pod)
 
     async def _housekeeping(self, app: web.Application) -> Any:
-        """Background duties of the real control plane that clients rely on: events expire after EVENT_TTL_S."""
+        """Background duties of the real control plane that clients rely on: events expire after EVENT_TTL_S, and
+        a node whose kubelet stopped posting status turns Ready=Unknown (mark_silent_nodes)."""
 
         async def loop() -> None:
+            events_due = 0.0
             while True:
-                self.expire_events()
-                await asyncio.sleep(HOUSEKEEPING_EVERY_S)
+                try:
+                    if time.monotonic() >= events_due:
+                        self.expire_events()
+                        events_due = time.monotonic() + HOUSEKEEPING_EVERY_S
+                    self.mark_silent_nodes()
+                except Exception:  # a bad object must not end housekeeping for good
+                    log.exception("housekeeping failed")
+                await asyncio.sleep(NODE_MONITOR_EVERY_S)
 
         task = asyncio.create_task(loop())
         yield
@@ -95,6 +114,44 @@ class ApiServer:
                     self.objects.delete(rt, ev["metadata"].get("namespace", ""), ev["metadata"]["name"], {})
                     expired += 1
         return expired
+
+    def mark_silent_nodes(self, now: dt.datetime | None = None) -> list[str]:
+        """Nodes whose kubelet posted no new Ready heartbeat for NODE_MONITOR_GRACE_S get every condition Unknown
+        (NodeStatusUnknown), as the node lifecycle controller does for a kubelet that stopped reporting (killed,
+        or its node agent down); the kubelet's next heartbeat sets them again. As that controller, it times a
+        heartbeat from when this server first saw it, not from the kubelet's clock: a server that was down itself
+        marks nothing until a grace period after it is back. Nodes without heartbeats (created by hand) are left
+        alone, and the controller's taints and evictions are not emulated. Returns the names marked."""
+        now = now or dt.datetime.now(dt.timezone.utc)
+        rt = self.registry.types[NODE_KEY]
+        nodes = self.store.list(NODE_KEY)
+        names = {n["metadata"]["name"] for n in nodes}
+        self._heartbeats = {k: v for k, v in self._heartbeats.items() if k in names}
+        marked = []
+        for node in nodes:
+            name = node["metadata"]["name"]
+            conds = (node.get("status") or {}).get("conditions") or []
+            ready = next((c for c in conds if c.get("type") == "Ready"), None)
+            beat = (ready or {}).get("lastHeartbeatTime")
+            if ready is None or ready.get("status") == "Unknown" or not beat:
+                continue
+            if self._heartbeats.get(name, (None,))[0] != beat:
+                self._heartbeats[name] = (beat, now)
+            if (now - self._heartbeats[name][1]).total_seconds() <= NODE_MONITOR_GRACE_S:
+                continue
+            reason, message = NODE_STATUS_UNKNOWN
+            unknown = {
+                "status": "Unknown",
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": format_time(now),
+            }
+            conds = [c if c.get("status") == "Unknown" else {**c, **unknown} for c in conds]
+            self.objects.patch(
+                rt, "v1", "", name, {"status": {"conditions": conds}}, MERGE_PATCH, {}, sub="status"
+            )
+            marked.append(name)
+        return marked
 
 
 def _parse_time_or_none(value: str | None) -> dt.datetime | None:
