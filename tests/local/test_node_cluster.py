@@ -177,6 +177,50 @@ def test_scheduling_selectors_taints_and_resources(kube, cluster):
         kubectl(cluster, "delete", "pod", n, "--grace-period=0", "--force", "--wait=false", check=False)
 
 
+def test_required_anti_affinity_waits_for_a_free_node_and_takes_it_when_one_comes(kube, cluster):
+    """The worker pods' spread as the operator renders it: the second pod does not share the one spot node; it
+    waits Unschedulable and is bound as soon as a node change gives it somewhere to go."""
+    sleep = [PY, "-c", "import time; time.sleep(60)"]
+    group = {"app": name("spread")}
+    term = {"labelSelector": {"matchLabels": group}, "topologyKey": "kubernetes.io/hostname"}
+    spec = {
+        "labels": group,
+        "nodeSelector": {"ftjob.dev/spot": "true"},
+        "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}},
+        "terminationGracePeriodSeconds": 0,
+    }
+    first, second = name("first"), name("second")
+    make_pod(kube, first, sleep, **spec)
+    where = wait_until(
+        lambda: (get_pod(kube, first) or {}).get("spec", {}).get("nodeName"), 20, "first binding"
+    )
+    assert where == "local-spot-0"
+    make_pod(kube, second, sleep, **spec)
+    try:
+        p = wait_until(
+            lambda: (lambda x: x if cond(x, "PodScheduled").get("status") == "False" else None)(
+                get_pod(kube, second)
+            ),
+            20,
+            what="second unschedulable",
+        )
+        assert p["status"]["phase"] == "Pending" and not p["spec"].get("nodeName")
+        assert cond(p, "PodScheduled")["reason"] == "Unschedulable"
+        assert cond(p, "PodScheduled")["message"] == (
+            "0/2 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, "
+            "1 node(s) didn't match pod anti-affinity rules."
+        )
+        kubectl(cluster, "label", "node", "local-node-0", "ftjob.dev/spot=true")
+        where = wait_until(
+            lambda: (get_pod(kube, second) or {}).get("spec", {}).get("nodeName"), 20, "second binding"
+        )
+        assert where == "local-node-0"
+    finally:
+        kubectl(cluster, "label", "node", "local-node-0", "ftjob.dev/spot-", check=False)
+        for n in (first, second):
+            kubectl(cluster, "delete", "pod", n, "--grace-period=0", "--force", "--wait=false", check=False)
+
+
 SCRIPT = r"""
 import json, os, sys
 print(json.dumps({k: os.environ.get(k) for k in sorted(os.environ) if k.startswith("T_")}))
