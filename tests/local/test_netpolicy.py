@@ -415,3 +415,36 @@ def test_container_marker_of_the_connecting_process(marker):
             client.wait(30)
     if marker:
         assert peers.pod_uid(marker) == "uid-1"
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="needs Linux /proc")
+def test_netlink_names_the_socket_of_exactly_one_connection():
+    with socket.create_server(("127.96.255.253", 0)) as listener:
+        client = socket.create_connection(listener.getsockname())
+        conn, peer = listener.accept()
+        with client, conn:
+            own = int(os.readlink(f"/proc/self/fd/{client.fileno()}")[len("socket:[") : -1])
+            assert peers.netlink_inode(peer, conn.getsockname()) == own
+            assert peers.netlink_inode(conn.getsockname(), peer) != own  # the accepting end
+            assert peers.netlink_inode((peer[0], peer[1] ^ 1), conn.getsockname()) is None
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="needs Linux /proc")
+def test_one_finder_follows_processes_that_come_and_go():
+    """The finder remembers which processes carry a marker: a container started after the first look-up, a process
+    of the node, and the first container again are each named right."""
+    finder = peers.PeerFinder()
+    with socket.create_server(("127.96.255.252", 0)) as listener:
+        host, port = listener.getsockname()
+        for marker in ["uid-1/c/1", "uid-2/c/2", None, "uid-1/c/3"]:
+            env = {k: v for k, v in os.environ.items() if k != MARKER_ENV}
+            if marker:
+                env[MARKER_ENV] = marker
+            code = f"import socket; s = socket.create_connection(({host!r}, {port})); s.recv(1)"
+            client = subprocess.Popen([sys.executable, "-c", code], env=env)
+            try:
+                conn, peer = listener.accept()
+                with conn:
+                    assert finder.marker(peer, conn.getsockname()) == marker
+            finally:
+                client.wait(30)

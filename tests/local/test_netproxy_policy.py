@@ -154,3 +154,27 @@ def test_the_coordinator_admits_only_its_own_job_and_the_node(cluster, path, sou
 
 def test_a_pod_no_policy_selects_is_open_to_every_pod(cluster):
     assert connect(cluster["plain"], "uid-b-worker-1") == "open"
+
+
+def test_the_proxy_takes_a_pod_ip_port_only_once_the_pod_is_ready():
+    """Until then the pod's own process may take it (one listening on 0.0.0.0 keeps it, unchecked); a pod that
+    declares no port keeps its pod IP to itself."""
+    n = random.randrange(1, 250)
+    ip = f"127.10.254.{n}"
+    starting = pod("web", {"app": "web"}, ip, [RDZV_PORT])
+    starting["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    pods = Static([starting, pod("plain", {"app": "plain"}, f"127.10.249.{n}")])
+    services = Static([service("web", f"127.96.254.{n}", {"app": "web"})])
+    proxy = ServiceProxy(services, pods, Static([]), Static([])).start()
+    try:
+        # a sync binds pod IPs before Services: the Service's listener alone means the pod IP's was not wanted
+        wait_until(
+            lambda: proxy.listening() == [(f"127.96.254.{n}", RDZV_PORT)], 10, "the Service's listener"
+        )
+        starting["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+        for notify in pods.listeners:
+            notify("MODIFIED", starting)
+        wait_until(lambda: (ip, RDZV_PORT) in proxy.listening(), 10, "the pod IP's listener")
+        assert len(proxy.listening()) == 2
+    finally:
+        proxy.stop()
