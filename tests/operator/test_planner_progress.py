@@ -274,6 +274,20 @@ def test_the_end_gives_the_final_figures_even_without_a_new_step():
     )
 
 
+def test_success_is_the_whole_run_even_when_the_last_report_was_missed():
+    """The coordinator's last report came after the operator's last read (the job ended while the operator
+    restarted, or the coordinator was gone by the final pass): the trainer exits 0 only after the last step."""
+    r = run(steady(2, 10, range(1, 91)))
+    assert (r.status["step"], r.progress["percent"]) == (90, 90.0)
+    ctx = Context(running_observed(job(status=r.status)), NOW + timedelta(seconds=120))  # no report this pass
+    ctx.spec = api.parse_spec(ctx.o.job["spec"])
+    summary.record_progress(ctx)
+    progress.account(ctx, Ending.FAILED)
+    assert (ctx.st.step, ctx.st.progress.percent) == (90, 90.0)  # a failure says where it stopped
+    progress.account(ctx, Ending.SUCCEEDED)
+    assert (ctx.st.step, ctx.st.progress.percent, ctx.st.progress.eta_seconds) == (TOTAL, 100.0, 0)
+
+
 def test_resuming_from_a_suspension_ends_an_open_interruption_and_counts_the_time_suspended():
     r = run([Count(50, "preemption")])
     ctx = Context(running_observed(job(status=r.status)), NOW + timedelta(seconds=200))

@@ -78,6 +78,11 @@ def account(ctx: Context, ending: Ending) -> None:
     if seen:
         _close_interruption_at_full_size(ctx, report, ending)
     ends = ending in (Ending.SUCCEEDED, Ending.FAILED)
+    total = report.get("totalSteps") if isinstance(report.get("totalSteps"), int) else ctx.spec.trainer.steps
+    if ending is Ending.SUCCEEDED and total:
+        # The trainer exits 0 only after the run's last step: the whole run is done even when the coordinator's
+        # last report came after this operator's last read (it is gone by now, or the operator was restarting).
+        ctx.st.step = max(ctx.st.step or 0, total)
     if seen or ends:
         _refresh(ctx, progress, report, ends)
         ctx.st.progress = progress
