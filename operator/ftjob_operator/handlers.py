@@ -38,6 +38,7 @@ from . import network_policy as netpol
 from .coordinator_client import CoordinatorClient, CoordinatorError, control_url
 from .informer import JobChildren
 from .kube import Kube
+from .nodes import node_entry, node_view
 from .runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,9 @@ EXTRA_TAINTS_ENV = (
 )
 # Re-read the coordinator's progress this often while pods run, when nothing else wakes the loop.
 ACTIVE_POLL_SECONDS = 10.0
-IDLE_POLL_SECONDS = 60.0  # finished or suspended jobs: a safety net only
+# Jobs without a ready coordinator (waiting, finished, suspended): a safety net only, as every change that matters
+# to them is a watch event. Long, so that thousands of such jobs cost next to nothing.
+IDLE_POLL_SECONDS = 600.0
 DEBOUNCE_SECONDS = 0.1  # let a burst of watch events (a pod's status, then its deletion) end in one pass
 PERMANENT_ERROR_RETRY_SECONDS = 60.0
 CHECKPOINT_REQUEST_ATTEMPTS = 3
@@ -105,28 +108,34 @@ async def close_clients(memo: kopf.Memo, **_: Any) -> None:
 
 
 # --- what wakes a job's loop ---------------------------------------------------------------------------------
+# These are coroutines on purpose: kopf runs a plain function in a thread pool, which costs a thread hand-off per
+# watch event and would set the daemons' asyncio.Events from outside their loop (not thread-safe).
 @kopf.index("", "v1", "nodes")
-def nodes_by_name(name: str, spec: kopf.Spec, **_: Any) -> dict[str, dict[str, Any]]:
-    """Node existence and taints, from the node watch (no list per pass)."""
-    return {name: {"metadata": {"name": name}, "spec": {"taints": list(spec.get("taints") or [])}}}
+async def nodes_by_name(
+    name: str, spec: kopf.Spec, status: kopf.Status, **_: Any
+) -> dict[str, dict[str, Any]]:
+    """The nodes as the planner reads them, from the node watch (no list per pass)."""
+    return {name: node_entry(name, spec, status)}
 
 
 @kopf.on.event("", "v1", "nodes")
-def wake_jobs_on_node_change(name: str, spec: kopf.Spec, memo: kopf.Memo, type: str | None, **_: Any) -> None:
+async def wake_jobs_on_node_change(
+    name: str, spec: kopf.Spec, status: kopf.Status, memo: kopf.Memo, type: str | None, **_: Any
+) -> None:
     rt = _runtime(memo)
-    taints = list(spec.get("taints") or [])
     if type == "DELETED":
         rt.deleted_nodes.add(name)
-        rt.node_taints.pop(name, None)
+        rt.nodes_seen.pop(name, None)
         changed = True
     else:
         rt.deleted_nodes.discard(name)  # a node of that name (re)appeared
-        changed = rt.node_taints.get(name) != taints
-        rt.node_taints[name] = taints
-    # A node that appears, goes, or changes its taints (a termination notice) concerns whichever jobs have pods
-    # there: a pass for every job. Nothing else of a node matters to the planner, so its heartbeats (a status
-    # write every few seconds) wake no job: with thousands of jobs, waking all on each would cost a pass per job
-    # per heartbeat. None: the initial listing, which the daemons' first pass covers anyway.
+        entry = node_entry(name, spec, status)
+        changed = rt.nodes_seen.get(name) != entry
+        rt.nodes_seen[name] = entry
+    # A node that appears, goes, or changes what the planner reads of it (a termination taint, a cordon, its
+    # readiness) concerns whichever jobs have pods there: a pass for every job. Its heartbeats (a status write every
+    # few seconds) wake no job: with thousands of jobs, waking all on each would cost a pass per job per
+    # heartbeat. None: the initial listing, which the daemons' first pass covers anyway.
     if changed and type is not None:
         rt.wake_all()
 
@@ -136,27 +145,8 @@ def extra_taints_from_env() -> frozenset[str]:
     return frozenset(k.strip() for k in os.environ.get(EXTRA_TAINTS_ENV, "").split(",") if k.strip())
 
 
-def node_view(
-    indexed: list[dict[str, Any]], pods: list[dict[str, Any]], deleted: set[str]
-) -> list[dict[str, Any]] | None:
-    """The node list for the planner, in which a missing node means "known gone".
-
-    None while the index is empty (not synced yet). A pod's node that the index lacks but whose deletion we did
-    not see (bound before its node's watch event arrived) is listed as present, without taints."""
-    if not indexed:
-        return None
-    names = {n["metadata"]["name"] for n in indexed}
-    out = list(indexed)
-    for pod in pods:
-        node = (pod.get("spec") or {}).get("nodeName")
-        if node and node not in names and node not in deleted:
-            names.add(node)
-            out.append({"metadata": {"name": node}, "spec": {"taints": []}})
-    return out
-
-
 @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
-def wake_job_on_change(namespace: str, name: str, meta: kopf.Meta, memo: kopf.Memo, **_: Any) -> None:
+async def wake_job_on_change(namespace: str, name: str, meta: kopf.Meta, memo: kopf.Memo, **_: Any) -> None:
     rt = _runtime(memo)
     if rt.written.get((namespace, name)) != meta.get("resourceVersion"):
         rt.wake(namespace, name)
@@ -245,8 +235,10 @@ async def reconcile(
     await apply(rt, job, plan, now, logger)
     if plan.requeue_after is not None:
         return plan.requeue_after
+    # Only a ready coordinator's progress changes without a watch event: poll it. Anything else (pods, nodes, the
+    # job) wakes the loop itself, so a job waiting for its pods costs nothing while it waits.
     active = plan.status.get("phase") not in (*api.FINISHED_PHASES, "Suspended", "Invalid")
-    return ACTIVE_POLL_SECONDS if active else IDLE_POLL_SECONDS
+    return ACTIVE_POLL_SECONDS if active and _coordinator_ready(observed.pods) else IDLE_POLL_SECONDS
 
 
 async def observe(
@@ -299,6 +291,15 @@ def _coordinator_url(service: dict[str, Any] | None) -> str | None:
     return control_url(ip) if ip and ip != "None" else None
 
 
+def _coordinator_ready(pods: list[dict[str, Any]]) -> bool:
+    return any(
+        planner.pod_role(p) == render.ROLE_COORDINATOR
+        and planner.pod_ready(p)
+        and not p["metadata"].get("deletionTimestamp")
+        for p in pods
+    )
+
+
 async def read_progress(
     rt: Runtime,
     pods: list[dict[str, Any]],
@@ -307,13 +308,7 @@ async def read_progress(
     logger: logging.Logger,
 ) -> dict[str, Any] | None:
     url = _coordinator_url(service)
-    ready = any(
-        planner.pod_role(p) == render.ROLE_COORDINATOR
-        and planner.pod_ready(p)
-        and not p["metadata"].get("deletionTimestamp")
-        for p in pods
-    )
-    if not (url and token and ready and rt.coordinator):
+    if not (url and token and _coordinator_ready(pods) and rt.coordinator):
         return None
     try:
         return await rt.coordinator.progress(url, token)
@@ -325,7 +320,7 @@ async def read_progress(
 async def apply(
     rt: Runtime, job: dict[str, Any], plan: planner.Plan, now: datetime, logger: logging.Logger
 ) -> None:
-    assert rt.kube is not None
+    assert rt.kube is not None and rt.children is not None
     meta = job["metadata"]
     namespace, name = meta.get("namespace") or "default", meta["name"]
     key = (namespace, name)
@@ -342,8 +337,13 @@ async def apply(
         kopf.event(job, type=event.type, reason=event.reason, message=event.message)
     for action in plan.actions:
         if isinstance(action, planner.Create):
-            created = await rt.kube.create(namespace, action.manifest)
+            created = await rt.kube.create_object(namespace, action.manifest)
             logger.info("%s %s %s", "created" if created else "already exists:", action.kind, action.name)
+            if created is not None:
+                # In the cache now, so the next pass does not create it again (informer.py), and that pass runs
+                # at once: the watch echo that used to wake the loop no longer does.
+                rt.children.remember(action.kind, created)
+                rt.wake(namespace, name)
             rt.record_created(namespace, name, action.kind, action.name, meta.get("uid") or "")
         elif isinstance(action, planner.Delete):
             gone = not await rt.kube.delete(

@@ -37,6 +37,7 @@ Obj = dict[str, Any]
 WATCH_TIMEOUT_SECONDS = 300  # each watch asks the server to end it after about this long (then resumes)
 RETRY_SECONDS = 1.0  # after a failed list or watch (the API server restarting, a network error)
 PAGE = 500  # objects per list page
+PLURALS = {"Pod": "pods", "Service": "services", "Secret": "secrets"}  # the kinds a cache may hold
 
 Waker = Callable[[str, str], None]  # (namespace, job name) of a job whose children changed
 
@@ -112,14 +113,25 @@ class Informer:
             raise NotSynced(self.path)
 
     # --- the cache ------------------------------------------------------------------------------------------------
-    def _put(self, obj: Obj) -> None:
+    def remember(self, obj: Obj) -> None:
+        """An object this process has just created, as the API server answered: in the cache at once, so the job's
+        next pass does not create it again before the watch brings it (client-go's MutationCache does the same).
+        Its ADDED event then finds the same version and wakes no one; a relist that lacks it drops it as usual."""
+        if obj["metadata"]["uid"] not in self.by_uid:
+            self._put(trim(self.kind, obj), wake=False)
+
+    def _put(self, obj: Obj, wake: bool = True) -> None:
         uid = obj["metadata"]["uid"]
         old = self.by_uid.get(uid)
         if old is not None:
+            if old["metadata"].get("resourceVersion") == obj["metadata"].get("resourceVersion"):
+                return  # the version already held (an object remembered at its creation): nothing changed
             self._drop(old)
         self.by_uid[uid] = obj
         self.by_job.setdefault(_job_of(obj), {})[uid] = obj
         self.by_name[_ref(obj)] = obj
+        if not wake:
+            return
         if old is not None and _job_of(old) != _job_of(obj):
             self.on_change(*_job_of(old))
         self.on_change(*_job_of(obj))
@@ -248,6 +260,15 @@ class JobChildren:
     def get(self, kind: str, namespace: str, name: str) -> Obj | None:
         informer = self._informer(kind, namespace)
         return informer.get(namespace, name) if informer else None
+
+    def remember(self, kind: str, obj: Obj) -> None:
+        """A child just created (`kind` as in its manifest: Pod, Service, ...), when a cache holds its kind."""
+        plural = PLURALS.get(kind)
+        informer = (
+            self._informer(plural, (obj.get("metadata") or {}).get("namespace") or "") if plural else None
+        )
+        if informer is not None:
+            informer.remember(obj)
 
     def watches(self, kind: str) -> bool:
         return any(k == kind for k, _ in self.informers)

@@ -255,6 +255,10 @@ class Kube:
     # --- writes ---------------------------------------------------------------------------------------------------
     async def create(self, namespace: str, manifest: dict[str, Any]) -> bool:
         """True when created, False when it already existed (a re-issued create)."""
+        return await self.create_object(namespace, manifest) is not None
+
+    async def create_object(self, namespace: str, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        """The created object as the API server answered it, or None when it already existed."""
         kind = manifest.get("kind", "")
         if kind not in _COLLECTIONS:
             raise kopf.PermanentError(
@@ -263,11 +267,12 @@ class Kube:
         name = (manifest.get("metadata") or {}).get("name")
         what = f"create {kind} {namespace}/{name}"
         try:
-            await self.request("POST", _COLLECTIONS[kind].format(namespace=namespace), what, body=manifest)
-            return True
+            return await self.request(
+                "POST", _COLLECTIONS[kind].format(namespace=namespace), what, body=manifest
+            )
         except ApiFailure as exc:
             if exc.status == 409 and exc.reason == "AlreadyExists":
-                return False
+                return None
             raise classify(exc) from exc
 
     async def delete(

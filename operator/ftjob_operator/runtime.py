@@ -36,7 +36,8 @@ class Runtime:
     notices: dict[tuple[str, str], datetime] = field(default_factory=dict)  # first termination notice seen
     # Nodes whose DELETED watch event we saw: only these count as gone (the index may lag a new node).
     deleted_nodes: set[str] = field(default_factory=set)
-    node_taints: dict[str, list[Any]] = field(default_factory=dict)  # as last seen: a change wakes the jobs
+    # What the planner reads of each node (handlers.node_entry), as last seen: a change wakes the jobs.
+    nodes_seen: dict[str, dict[str, Any]] = field(default_factory=dict)
     # tokens.py: the key the job tokens are derived from (env FTJOB_TOKEN_KEY); None: read them back instead.
     token_key: bytes | None = None
     network_policy: bool = True  # make each job's NetworkPolicy (`--network-policy`)

@@ -26,8 +26,34 @@ def test_no_node_view_concludes_no_node_gone(nodes):
     assert [a for a in p.actions if isinstance(a, (Create, Delete))] == []
 
 
+def test_the_node_index_keeps_what_the_planner_reads_and_no_heartbeat():
+    from ftjob_operator.nodes import node_entry
+
+    spec = {"taints": [{"key": "k", "effect": "NoSchedule"}], "unschedulable": True, "podCIDR": "10.0.0.0/24"}
+    status = {
+        "conditions": [
+            {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown", "lastHeartbeatTime": "t1"},
+            {"type": "MemoryPressure", "status": "False", "lastHeartbeatTime": "t1"},
+        ],
+        "capacity": {"cpu": "2"},
+    }
+    entry = node_entry("n1", spec, status)
+    nodes = observed.Nodes([entry])
+    assert nodes.not_ready("n1") and nodes.cordoned("n1") and nodes.taint_keys("n1") == ["k"]
+    # A heartbeat (new times, same statuses) leaves the entry as it was, so it wakes no job (handlers.py).
+    beat = {
+        "conditions": [dict(c, lastHeartbeatTime="t2") for c in status["conditions"]],
+        "capacity": {"cpu": "2"},
+    }
+    assert node_entry("n1", spec, beat) == entry
+    back = {"conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": "t3"}]}
+    assert node_entry("n1", spec, back) != entry
+    assert not observed.Nodes([node_entry("n1", {}, back)]).not_ready("n1")
+    assert not observed.Nodes([node_entry("n1", {}, back)]).cordoned("n1")
+
+
 def test_a_node_missing_from_the_index_is_gone_only_after_its_deletion_was_seen():
-    from ftjob_operator.handlers import node_view
+    from ftjob_operator.nodes import node_view
 
     pods = [pod("coordinator", 0), pod("worker", 1), pod("worker", 2, node="node-new")]
     indexed = [node("node-a")]  # node-new's watch event has not arrived yet

@@ -24,7 +24,8 @@ The handler's side, in order:
    the Create/Delete/RequestCheckpoint actions in order (Create: 409 means done; Delete: 404 means done, and with
    `uid` a 409 too; RequestCheckpoint: POST /v1/checkpoint on http://<clusterIP>:29401 with the bearer token,
    best effort).
-3. Re-run after `requeue_after` seconds when it is set, and on a timer anyway to poll progress.
+3. Re-run after `requeue_after` seconds when it is set, on every watch event of the job, its children or the
+   nodes, and on a timer to poll the progress of a ready coordinator.
 
 Idempotency (an operator restart at any instant creates no duplicates and loses no counter):
 - every counter and every "already handled" mark lives in the returned status;
