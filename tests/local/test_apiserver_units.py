@@ -221,6 +221,19 @@ def test_schema_errors_and_transition_rules():
     assert errors == []
 
 
+def test_rules_are_not_evaluated_again_where_an_update_left_the_value_unchanged():
+    # kube-apiserver's validation ratcheting: a value that already broke a rule may stay as it is (a status write
+    # must not fail over the spec), a changed one is checked, and transition rules always run.
+    old = {"spec": {"count": 7, "mode": "b"}, "status": {"n": 1}}
+    assert (
+        process_custom_resource({"spec": {"count": 7, "mode": "b"}, "status": {"n": 2}}, old, SCHEMA)[2] == []
+    )
+    _, _, errors = process_custom_resource({"spec": {"count": 8, "mode": "b"}}, old, SCHEMA)
+    assert [e.text() for e in errors] == ["spec.count: Invalid value: 8: count 8 >= 5"]
+    _, _, errors = process_custom_resource({"spec": {"count": 7, "mode": "c"}}, old, SCHEMA)
+    assert [e.text() for e in errors] == ['spec.mode: Invalid value: "c": mode can only change from a']
+
+
 def test_integer_fields_take_integral_numbers_only_up_to_2_to_the_53():
     """As go-openapi's IsFloat64AJSONInteger: 4.0 is an integer, 1e30 (beyond 2^53) is not."""
     ok = {"spec": {"limits": {"cpu": 4.0, "mem": float(2**53)}}}
