@@ -175,19 +175,22 @@ async def keep_training_job_converged(
     ):  # plan from complete caches only (a pod missing from them would be re-created)
         await _wait_or_stop(rt.children.wait_synced(), stopped)
     while not stopped:
-        wake.clear()  # events from now on mean "look again"
-        try:
-            timeout = await reconcile(rt, namespace, name, uid, nodes_by_name, logger)
-        except planner.InvalidStatus as exc:
-            # No actions on an unreadable status: a reset one would delete the running pods.
-            logger.error("%s", exc)
-            kopf.event(body, type="Warning", reason="InvalidStatus", message=str(exc)[:1024])
-            timeout = PERMANENT_ERROR_RETRY_SECONDS
-        except kopf.PermanentError as exc:
-            # Not worth a quick retry (403, 422, ...): say so on the job and wait for a change to it or its pods.
-            logger.error("cannot converge: %s", exc)
-            kopf.event(body, type="Warning", reason="ApiError", message=str(exc)[:1024])
-            timeout = PERMANENT_ERROR_RETRY_SECONDS
+        async with rt.passes:  # a slot among the passes in flight (runtime.py), taken in the order asked
+            if stopped:
+                break
+            wake.clear()  # events from now on mean "look again"
+            try:
+                timeout = await reconcile(rt, namespace, name, uid, nodes_by_name, logger)
+            except planner.InvalidStatus as exc:
+                # No actions on an unreadable status: a reset one would delete the running pods.
+                logger.error("%s", exc)
+                kopf.event(body, type="Warning", reason="InvalidStatus", message=str(exc)[:1024])
+                timeout = PERMANENT_ERROR_RETRY_SECONDS
+            except kopf.PermanentError as exc:
+                # Not worth a quick retry (403, 422, ...): say so on the job and wait for a change to it or its pods.
+                logger.error("cannot converge: %s", exc)
+                kopf.event(body, type="Warning", reason="ApiError", message=str(exc)[:1024])
+                timeout = PERMANENT_ERROR_RETRY_SECONDS
         if timeout is None:
             break  # the job is gone (or replaced by a new one of the same name)
         await _sleep_until_woken(wake, stopped, timeout)

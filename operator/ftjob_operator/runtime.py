@@ -15,6 +15,12 @@ from .informer import JobChildren
 from .kube import Kube
 from .metrics import Metrics
 
+# Passes in flight at once, over all jobs. Enough to keep the API server busy; beyond it more concurrent passes only
+# queue there, each holding its job's rendered children meanwhile (the operator's peak memory grew with the jobs
+# created at once), and every job finished late as all advanced in step. Waiting passes get a slot in the order
+# they asked (asyncio.Semaphore is FIFO), so the first jobs created are the first served.
+MAX_PASSES_IN_FLIGHT = 32
+
 
 @dataclass
 class Runtime:
@@ -48,6 +54,7 @@ class Runtime:
     # NetworkPolicy), per job (namespace, job name): (kind, name, job uid) once created or found existing (409)
     # by this process.
     created: dict[tuple[str, str], set[tuple[str, str, str]]] = field(default_factory=dict)
+    passes: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(MAX_PASSES_IN_FLIGHT))
 
     def waker(self, namespace: str, name: str) -> asyncio.Event:
         return self.wakers.setdefault((namespace, name), asyncio.Event())
