@@ -26,7 +26,7 @@ from pathlib import Path
 import yaml
 
 from . import records
-from .procs import _cpu_start_time, kill_recorded, running
+from .procs import _cpu_start_time, kill_recorded, recorded_alive, running
 
 COMPONENTS = ("apiserver", "proxy", "node-agent", "operator")  # the start order; `down` goes in reverse
 ALIASES = {"kubelet": "node-agent"}  # what `ftjob local restart` calls them
@@ -304,9 +304,14 @@ class LocalCluster:
         if only is None:  # pods outlive the node agent: sweep what it recorded
             for stale in records.hand_started(self.dir):
                 (self.run_dir / f"{stale}.json").unlink(missing_ok=True)
-            swept = sum(kill_recorded(f) for f in (self.dir / "pods").glob("*/containers/*/pid"))
+            pid_files = list((self.dir / "pods").glob("*/containers/*/pid"))
+            swept = sum(kill_recorded(f) for f in pid_files)
             if swept:
                 say(f"killed {swept} leftover pod process group(s)")
+                # SIGKILL is delivered asynchronously: return once they are gone, as _stop does for components
+                deadline = time.monotonic() + timeout
+                while any(recorded_alive(f) for f in pid_files) and time.monotonic() < deadline:
+                    time.sleep(0.05)
             if not stopped:
                 say(f"nothing was running from {self.dir}")
         return stopped

@@ -158,6 +158,18 @@ def kill_marked(marker: str) -> int:
     return n
 
 
+def recorded_alive(pid_file: Path) -> bool:
+    """Whether the process recorded in pid_file, or any process left with its container's marker, still runs."""
+    try:
+        pid, started, *rest = pid_file.read_text().split()
+        pid = int(pid)
+    except (OSError, ValueError):
+        return False
+    return running(pid, started) or bool(
+        rest and any(process_state(p) not in ("", "Z") for p in marked(rest[0]))
+    )
+
+
 def kill_recorded(pid_file: Path, sig: int = signal.SIGKILL) -> bool:
     """Signals the process group recorded in pid_file if that very process still runs (pid reuse safe); for
     SIGKILL also every process left with the container's marker (its main process may be gone already)."""
