@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import textwrap
 
+import kopf
 import pytest
 from ftjob_local.apiserver import start_in_thread
 from kopf.testing import KopfRunner
@@ -43,7 +44,18 @@ OPERATOR = textwrap.dedent("""\
     """)
 
 
-def test_kopf_operator_reconciles_widgets(tmp_path, monkeypatch):
+@pytest.fixture
+def own_registry():
+    """kopf's default registry, fresh for this test: handlers that other tests imported into it (ftjob's operator,
+    whose startup needs its own runtime) must not run beside the widgets' operator; the old one comes back after."""
+    previous = kopf.get_default_registry()
+    registry = kopf.OperatorRegistry()
+    kopf.set_default_registry(registry)
+    yield registry
+    kopf.set_default_registry(previous)
+
+
+def test_kopf_operator_reconciles_widgets(tmp_path, monkeypatch, own_registry):
     handle = start_in_thread(str(tmp_path / "state"))
     operator = tmp_path / "operator.py"
     operator.write_text(OPERATOR)
@@ -54,7 +66,9 @@ def test_kopf_operator_reconciles_widgets(tmp_path, monkeypatch):
     try:
         client.ApiextensionsV1Api(api).create_custom_resource_definition(WIDGET_CRD)
         co = client.CustomObjectsApi(api)
-        with KopfRunner(["run", "--standalone", "--all-namespaces", str(operator)], timeout=60) as runner:
+        with KopfRunner(
+            ["run", "--standalone", "--all-namespaces", str(operator)], timeout=60, registry=own_registry
+        ) as runner:
             co.create_namespaced_custom_object(
                 *ARGS,
                 {
