@@ -27,7 +27,8 @@ import threading
 from pathlib import Path
 
 from . import netpolicy, peers
-from .client import Informer, Kube, Obj
+from .client import Informer, Kube, Obj, key_of
+from .labelindex import LabelIndex, SelectorIndex
 from .objects import is_terminal, meta, own_ip, pod_ready, published_ports
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,10 @@ def endpoint_pods(service: Obj, port: Obj, pods: list[Obj]) -> list[tuple[Obj, s
 
 
 class ServiceProxy:
+    """Listeners follow the objects: an event re-derives only what the pod or Service that changed claims (its
+    (ip, port) keys), and a connection reads its endpoints and policies from indexes (labelindex.py), so the cost
+    of either does not grow with the number of other jobs."""
+
     def __init__(self, services: Informer, pods: Informer, policies: Informer, namespaces: Informer):
         self.services, self.pods, self.policies, self.namespaces = services, pods, policies, namespaces
         self.loop = asyncio.new_event_loop()
@@ -80,21 +85,33 @@ class ServiceProxy:
         self._servers: dict[tuple[str, int], tuple[asyncio.AbstractServer, tuple]] = {}
         self._rr = itertools.count()
         self._thread = threading.Thread(target=self.loop.run_forever, name="service-proxy", daemon=True)
-        for informer in (services, pods):
-            informer.listeners.append(lambda *_: self.loop.call_soon_threadsafe(self._schedule_sync))
+        self.pod_index, self.policy_index = LabelIndex(), SelectorIndex()
+        self._claims: dict[tuple[str, int], dict[tuple, None]] = {}  # (ip, port) -> owners claiming it
+        self._claimed: dict[tuple[str, str, str], dict[tuple[str, int], tuple]] = {}  # object -> its claims
+        self._dirty: set[tuple[str, str, str]] = set()  # ("pod" | "service" | "policy", ns, name)
+        self._recheck: set[tuple[str, int]] = set()
+        self.claims_derived = 0  # objects whose claims were re-derived: what the tests bound
+        for which, informer in (("service", services), ("pod", pods), ("policy", policies)):
+            informer.listeners.append(
+                lambda _kind, obj, w=which: self.loop.call_soon_threadsafe(self._mark, w, key_of(obj))
+            )
         self._sync_pending = False
         self._failed: set[tuple[str, int]] = set()
         self._peers = peers.PeerFinder()
 
     def start(self) -> ServiceProxy:
         self._thread.start()
-        self.loop.call_soon_threadsafe(self._schedule_sync)
+        for which, informer in (("pod", self.pods), ("service", self.services), ("policy", self.policies)):
+            for obj in informer.items():
+                self.loop.call_soon_threadsafe(self._mark, which, key_of(obj))
         self.loop.call_soon_threadsafe(self._resync)
         return self
 
     def _resync(self) -> None:
         # Retries listeners that could not bind (an address still held by a process of another local cluster).
-        self._schedule_sync()
+        if self._failed:
+            self._recheck |= self._failed
+            self._schedule_sync()
         self.loop.call_later(RESYNC_SECONDS, self._resync)
 
     def stop(self) -> None:
@@ -107,61 +124,110 @@ class ServiceProxy:
             asyncio.run_coroutine_threadsafe(close(), self.loop).result(5)
             self.loop.call_soon_threadsafe(self.loop.stop)
 
+    def _mark(self, which: str, key: tuple[str, str]) -> None:
+        self._dirty.add((which, *key))
+        self._schedule_sync()
+
     def _schedule_sync(self) -> None:
         if not self._sync_pending:
             self._sync_pending = True
             self.loop.create_task(self._sync())
 
-    def _wanted(self) -> dict[tuple[str, int], tuple]:
-        wanted: dict[tuple[str, int], tuple] = {}
-        for pod in self.pods.items():
-            ip = (pod.get("status") or {}).get("podIP") or ""
-            if is_terminal(pod) or own_ip(pod, ip) == ip:
-                continue
-            m = meta(pod)
-            for port in published_ports(pod):
-                owner = ("pod", m.get("namespace", "default"), m["name"], port)
-                # Only once ready: a container that listens on 0.0.0.0 (against the local cluster's rule) has
-                # bound the port by then and keeps it, instead of losing the race to this proxy.
-                if pod_ready(pod) or self._servers.get((ip, port), (None, None))[1] == owner:
-                    wanted[(ip, port)] = owner
-        for svc in self.services.items():
-            spec = svc.get("spec") or {}
-            ip = spec.get("clusterIP")
-            if not ip or ip == "None":
-                continue
-            for p in spec.get("ports") or []:
-                if p.get("protocol", "TCP") == "TCP":
-                    m = meta(svc)
-                    wanted[(ip, int(p["port"]))] = (
-                        "service",
-                        m.get("namespace", "default"),
-                        m["name"],
-                        p.get("name") or "",
-                    )
-        return wanted
+    def _pod_claims(self, pod: Obj | None) -> dict[tuple[str, int], tuple]:
+        ip = ((pod or {}).get("status") or {}).get("podIP") or ""
+        if pod is None or is_terminal(pod) or own_ip(pod, ip) == ip:
+            return {}
+        m, out = meta(pod), {}
+        for port in published_ports(pod):
+            owner = ("pod", m.get("namespace", "default"), m["name"], port)
+            # Only once ready: a container that listens on 0.0.0.0 (against the local cluster's rule) has
+            # bound the port by then and keeps it, instead of losing the race to this proxy.
+            if pod_ready(pod) or self._servers.get((ip, port), (None, None))[1] == owner:
+                out[(ip, port)] = owner
+        return out
+
+    @staticmethod
+    def _service_claims(svc: Obj | None) -> dict[tuple[str, int], tuple]:
+        spec = (svc or {}).get("spec") or {}
+        ip = spec.get("clusterIP")
+        if svc is None or not ip or ip == "None":
+            return {}
+        m = meta(svc)
+        return {
+            (ip, int(p["port"])): ("service", m.get("namespace", "default"), m["name"], p.get("name") or "")
+            for p in spec.get("ports") or []
+            if p.get("protocol", "TCP") == "TCP"
+        }
+
+    def _rederive(self, which: str, ns: str, name: str) -> set[tuple[str, int]]:
+        """Brings the indexes and claims of one object up to date with the cache; returns the keys it touched."""
+        self.claims_derived += 1
+        if which == "policy":
+            policy = self.policies.get(ns, name)
+            selector = ((policy or {}).get("spec") or {}).get("podSelector") or {}
+            self.policy_index.put((ns, name), policy, selector.get("matchLabels"))
+            return set()
+        if which == "pod":
+            obj = self.pods.get(ns, name)
+            self.pod_index.put((ns, name), obj)
+            claims = self._pod_claims(obj)
+        else:
+            claims = self._service_claims(self.services.get(ns, name))
+        old = self._claimed.pop((which, ns, name), {})
+        for key, owner in old.items():
+            owners = self._claims.get(key, {})
+            owners.pop(owner, None)
+            if not owners:
+                self._claims.pop(key, None)
+        for key, owner in claims.items():
+            self._claims.setdefault(key, {})[owner] = None
+        if claims:
+            self._claimed[(which, ns, name)] = claims
+        return set(old) | set(claims)
+
+    def _owner(self, key: tuple[str, int]) -> tuple | None:
+        """Who gets (ip, port): a Service before a pod (a Service's address is never a pod's), else the newest."""
+        owners = list(self._claims.get(key) or ())
+        services = [o for o in owners if o[0] == "service"]
+        return (services or owners or [None])[-1]
 
     async def _sync(self) -> None:
-        self._sync_pending = False
-        wanted = self._wanted()
-        for key in [k for k, (_, owner) in self._servers.items() if wanted.get(k) != owner]:
-            server, _ = self._servers.pop(key)
-            server.close()
-        for key, owner in wanted.items():
-            if key in self._servers:
-                continue
-            ip, port = key
-            try:
-                server = await asyncio.start_server(
-                    lambda r, w, o=owner: self._handle(r, w, o), host=ip, port=port, reuse_address=True
-                )
-            except OSError as e:
-                if key not in self._failed:
-                    log.warning("%s %s/%s: cannot listen on %s:%d: %s (retrying)", *owner[:3], ip, port, e)
-                self._failed.add(key)
-                continue
+        try:
+            while self._dirty or self._recheck:
+                dirty, self._dirty = self._dirty, set()
+                touched, self._recheck = self._recheck, set()
+                for which, ns, name in sorted(dirty):  # "pod" before "service"
+                    touched |= self._rederive(which, ns, name)
+                for key in sorted(touched):
+                    await self._apply(key, self._owner(key))
+        finally:
+            self._sync_pending = False
+
+    async def _apply(self, key: tuple[str, int], owner: tuple | None) -> None:
+        current = self._servers.get(key)
+        if current is not None and current[1] != owner:
+            self._servers.pop(key)[0].close()
+        if owner is None:
             self._failed.discard(key)
-            self._servers[key] = (server, owner)
+            return
+        if key in self._servers:
+            return
+        ip, port = key
+        try:
+            server = await asyncio.start_server(
+                lambda r, w, o=owner: self._handle(r, w, o), host=ip, port=port, reuse_address=True
+            )
+        except OSError as e:
+            if key not in self._failed:
+                log.warning("%s %s/%s: cannot listen on %s:%d: %s (retrying)", *owner[:3], ip, port, e)
+            self._failed.add(key)
+            return
+        self._failed.discard(key)
+        if self._owner(key) != owner:  # the claims changed while this listener was being opened
+            server.close()
+            self._recheck.add(key)
+            return
+        self._servers[key] = (server, owner)
 
     def listening(self) -> list[tuple[str, int]]:
         return sorted(self._servers)
@@ -176,7 +242,8 @@ class ServiceProxy:
         svc = self.services.get(ns, name)
         ports = ((svc or {}).get("spec") or {}).get("ports") or []
         port = next((p for p in ports if (p.get("name") or "") == port_key), None)
-        eps = endpoint_pods(svc, port, self.pods.items()) if svc and port else []
+        selected = self.pod_index.select(ns, (svc.get("spec") or {}).get("selector") or {}) if svc else []
+        eps = endpoint_pods(svc, port, selected) if svc and port else []
         return eps[next(self._rr) % len(eps)] if eps else None
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, owner: tuple) -> None:
@@ -206,7 +273,7 @@ class ServiceProxy:
     async def _admitted(self, writer: asyncio.StreamWriter, target: Obj, port: int, owner) -> bool:
         """Whether the NetworkPolicies of target's namespace admit this connection (netpolicy.py)."""
         ns = meta(target).get("namespace", "default")
-        policies = [p for p in self.policies.items() if meta(p).get("namespace", "default") == ns]
+        policies = self.policy_index.candidates(ns, meta(target).get("labels") or {})
         if not netpolicy.isolating(target, policies):
             return True  # the common case costs no look-up in /proc
         peer, sockname = writer.get_extra_info("peername"), writer.get_extra_info("sockname")
@@ -231,9 +298,9 @@ class ServiceProxy:
         """The pod a container marker names; a process of a pod the API server no longer has is a pod without
         labels or namespace (only a rule open to every source admits it)."""
         uid = peers.pod_uid(marker)
-        for pod in self.pods.items():
-            if meta(pod).get("uid") == uid:
-                return pod
+        pod = self.pod_index.by_uid(uid)
+        if pod is not None:
+            return pod
         return {"metadata": {"name": f"(uid {uid})", "namespace": "", "uid": uid, "labels": {}}}
 
 
