@@ -1,6 +1,6 @@
 """The local cluster's import graph: layers only point down and there are no cycles (read from the sources' ast).
 
-Bottom to top (docs/INTERFACES.md): shim, procs, records, layout, peers -> client -> objects, netpolicy -> the
+Bottom to top (docs/INTERFACES.md): shim, procs, records, layout, peers, labelindex -> client -> objects, netpolicy -> the
 node's parts (kubelet/, scheduler, netproxy, preempt) -> node/ (the node agent) -> cluster -> the demo's parts
 (session, timeline, demo_render) -> cli, demo. The API server (apiserver/) is its own stack
 on the bottom layer. Every import statement counts, also one inside a function.
@@ -20,6 +20,7 @@ LAYERS = {
     "records": 0,
     "layout": 0,
     "peers": 0,
+    "labelindex": 0,
     "client": 1,
     "objects": 2,
     "netpolicy": 2,
