@@ -3,7 +3,7 @@ what ftjob renders (docs/scheduling.md): label selectors, node selector terms wi
 preferred pod (anti-)affinity over any topology key, and topology spread constraints (DoNotSchedule filters,
 ScheduleAnyway scores). Pure functions over JSON objects; the scheduler (scheduler.py) owns the loop.
 
-`Placed` is the scheduler's view of one pass: which live pods sit on which node, updated as pods are bound in it.
+`Placed` is the scheduler's view: which live pods sit on which node, indexed by label, updated as pods come and go.
 Simplifications: namespaceSelector is read as "every namespace" when set, and minDomains, matchLabelKeys and the
 node inclusion policies take their defaults.
 """
@@ -63,24 +63,103 @@ def selector_matches(selector: Obj | None, labels: dict) -> bool:
 
 
 # --- where pods are ---------------------------------------------------------------------------------------------
+def _uid(pod: Obj) -> str:
+    return meta(pod).get("uid") or f"object-{id(pod)}"
+
+
+def _pairs(selector: Obj | None) -> list[tuple[str, str]]:
+    return sorted(((selector or {}).get("matchLabels") or {}).items())
+
+
 class Placed:
-    """The live pods bound (or assumed bound) to each node, for one scheduling pass."""
+    """The live pods bound (or assumed bound) to each node, kept by the scheduler across passes and updated as
+    pods come, go and are bound. Pods are indexed by label pair and existing pods' required anti-affinity terms by
+    one pair of their selector, so a rule looks at the pods its selector can pick, not at every pod (issue 15)."""
 
     def __init__(self, nodes: dict[str, Obj]):
         self.nodes = nodes
-        self.on: dict[str, list[Obj]] = defaultdict(list)
+        self.on: dict[str, dict[str, Obj]] = defaultdict(dict)  # node -> uid -> pod
+        self._node_of: dict[str, str] = {}
+        self._by_label: dict[tuple[str, str], set[str]] = defaultdict(set)
+        self._anti: dict[tuple[str, str] | None, set[tuple[str, int]]] = defaultdict(
+            set
+        )  # bucket -> (uid, term)
+        self._anti_of: dict[str, list[tuple[str, str] | None]] = {}
+        self.visited = 0  # pods and terms looked at: what the tests bound
 
     def add(self, pod: Obj, node: str) -> None:
-        self.on[node].append(pod)
+        uid = _uid(pod)
+        self.remove(uid)
+        self.on[node][uid], self._node_of[uid] = pod, node
+        for pair in (meta(pod).get("labels") or {}).items():
+            self._by_label[pair].add(uid)
+        buckets: list[tuple[str, str] | None] = []
+        for i, term in enumerate(_affinity(pod, "podAntiAffinity", "required")):
+            pairs = _pairs(term.get("labelSelector"))
+            bucket = min(pairs, key=lambda b: len(self._anti.get(b) or ())) if pairs else None
+            self._anti[bucket].add((uid, i))
+            buckets.append(bucket)
+        self._anti_of[uid] = buckets
+
+    def remove(self, uid: str) -> None:
+        node = self._node_of.pop(uid, None)
+        if node is None:
+            return
+        pod = self.on[node].pop(uid)
+        for pair in (meta(pod).get("labels") or {}).items():
+            self._by_label[pair].discard(uid)
+            if not self._by_label[pair]:
+                del self._by_label[pair]
+        for i, bucket in enumerate(self._anti_of.pop(uid, [])):
+            self._anti[bucket].discard((uid, i))
+
+    def node_of(self, uid: str) -> str | None:
+        return self._node_of.get(uid)
 
     def domain(self, node: Obj, key: str) -> str | None:
         return (meta(node).get("labels") or {}).get(key)
 
-    def in_domain(self, key: str, value: str) -> list[Obj]:
-        """Pods on every node whose label `key` is `value`."""
+    def matching(self, selector: Obj | None) -> list[tuple[Obj, str]]:
+        """(pod, node) for the placed pods whose labels the label selector picks (None picks nothing)."""
+        if selector is None:
+            return []
+        pairs = _pairs(selector)
+        if pairs:
+            uids = min((self._by_label.get(p) or set() for p in pairs), key=len)
+        else:  # only matchExpressions, or {}: every pod is a candidate
+            uids = set(self._node_of)
+        out = []
+        for uid in uids:
+            node = self._node_of[uid]
+            pod = self.on[node][uid]
+            self.visited += 1
+            if selector_matches(selector, meta(pod).get("labels") or {}):
+                out.append((pod, node))
+        return out
+
+    def selected(self, term: Obj, owner: Obj, key: str, value: str) -> list[Obj]:
+        """Pods other than owner that owner's affinity term selects, on nodes whose label `key` is `value`."""
         return [
-            p for name, n in self.nodes.items() if self.domain(n, key) == value for p in self.on.get(name, [])
+            p
+            for p, node in self.matching(term.get("labelSelector"))
+            if node in self.nodes
+            and self.domain(self.nodes[node], key) == value
+            and _uid(p) != _uid(owner)
+            and _term_selects(term, owner, p)
         ]
+
+    def anti_terms_against(self, pod: Obj) -> list[tuple[Obj, str, Obj]]:
+        """(other pod, its node, its required anti-affinity term) for the terms that may select `pod`."""
+        refs = set(self._anti.get(None) or ())
+        for pair in (meta(pod).get("labels") or {}).items():
+            refs |= self._anti.get(pair) or set()
+        out = []
+        for uid, i in sorted(refs):
+            node = self._node_of[uid]
+            other = self.on[node][uid]
+            self.visited += 1
+            out.append((other, node, _affinity(other, "podAntiAffinity", "required")[i]))
+        return out
 
 
 def _term_selects(term: Obj, owner: Obj, other: Obj) -> bool:
@@ -100,37 +179,30 @@ def _affinity(pod: Obj, kind: str, mode: str) -> list[Obj]:
     ) or []
 
 
-def _others(pod: Obj, pods: list[Obj]) -> list[Obj]:
-    uid = meta(pod).get("uid")
-    return [p for p in pods if not uid or meta(p).get("uid") != uid]
-
-
 # --- filters ----------------------------------------------------------------------------------------------------
 def inter_pod_filter(pod: Obj, node: Obj, placed: Placed) -> str | None:
     """None when `pod` may go to `node` by the pod (anti-)affinity and topology spread rules, else the reason."""
     for term in _affinity(pod, "podAntiAffinity", "required"):
         value = placed.domain(node, term.get("topologyKey", ""))
-        if value is not None and any(
-            _term_selects(term, pod, p) for p in _others(pod, placed.in_domain(term["topologyKey"], value))
-        ):
+        if value is not None and placed.selected(term, pod, term["topologyKey"], value):
             return POD_ANTI_AFFINITY
-    for name, pods in placed.on.items():  # existing pods' required anti-affinity against this pod
+    for other, name, term in placed.anti_terms_against(pod):  # existing pods' required anti-affinity
         there = placed.nodes.get(name)
-        for other in _others(pod, pods) if there is not None else []:
-            for term in _affinity(other, "podAntiAffinity", "required"):
-                key = term.get("topologyKey", "")
-                same = placed.domain(node, key) is not None and placed.domain(node, key) == placed.domain(
-                    there, key
-                )
-                if same and _term_selects(term, other, pod):
-                    return EXISTING_ANTI_AFFINITY
+        if there is None or _uid(other) == _uid(pod):
+            continue
+        key = term.get("topologyKey", "")
+        same = placed.domain(node, key) is not None and placed.domain(node, key) == placed.domain(there, key)
+        if same and _term_selects(term, other, pod):
+            return EXISTING_ANTI_AFFINITY
     for term in _affinity(pod, "podAffinity", "required"):
         key = term.get("topologyKey", "")
         value = placed.domain(node, key)
-        anywhere = [p for ps in placed.on.values() for p in _others(pod, ps) if _term_selects(term, pod, p)]
-        here = value is not None and any(
-            _term_selects(term, pod, p) for p in _others(pod, placed.in_domain(key, value))
-        )
+        anywhere = [
+            p
+            for p, on in placed.matching(term.get("labelSelector"))
+            if on in placed.nodes and _uid(p) != _uid(pod) and _term_selects(term, pod, p)
+        ]
+        here = value is not None and bool(placed.selected(term, pod, key, value))
         # The first pod of a group that selects itself may go anywhere (kube-scheduler's rule).
         if not here and (anywhere or not _term_selects(term, pod, pod) or value is None):
             return POD_AFFINITY
@@ -140,16 +212,13 @@ def inter_pod_filter(pod: Obj, node: Obj, placed: Placed) -> str | None:
 def _spread_counts(pod: Obj, constraint: Obj, placed: Placed, eligible: list[Obj]) -> dict[str, int]:
     """Matching pods per domain of the constraint's topology key, over the eligible nodes."""
     key = constraint.get("topologyKey", "")
-    counts: dict[str, int] = {}
-    for n in eligible:
-        value = placed.domain(n, key)
-        if value is None:
-            continue
-        on = _others(pod, placed.on.get(meta(n)["name"], []))
-        mine = [p for p in on if meta(p).get("namespace", "default") == meta(pod).get("namespace", "default")]
-        counts[value] = counts.get(value, 0) + sum(
-            selector_matches(constraint.get("labelSelector"), meta(p).get("labels") or {}) for p in mine
-        )
+    domain_of = {meta(n)["name"]: placed.domain(n, key) for n in eligible}
+    counts = {value: 0 for value in domain_of.values() if value is not None}
+    ns = meta(pod).get("namespace", "default")
+    for p, name in placed.matching(constraint.get("labelSelector")):
+        value = domain_of.get(name)
+        if value is not None and _uid(p) != _uid(pod) and meta(p).get("namespace", "default") == ns:
+            counts[value] += 1
     return counts
 
 
@@ -199,8 +268,8 @@ def inter_pod_penalty(pod: Obj, node: Obj, placed: Placed) -> int:
             value = placed.domain(node, term.get("topologyKey", ""))
             if value is None:
                 continue
-            near = _others(pod, placed.in_domain(term["topologyKey"], value))
-            penalty += sign * int(weighted.get("weight", 1)) * sum(_term_selects(term, pod, p) for p in near)
+            near = placed.selected(term, pod, term["topologyKey"], value)
+            penalty += sign * int(weighted.get("weight", 1)) * len(near)
     eligible = [n for n in placed.nodes.values() if _fits_node_selection(pod, n)]
     for c in _constraints(pod, "ScheduleAnyway"):
         value = placed.domain(node, c.get("topologyKey", ""))

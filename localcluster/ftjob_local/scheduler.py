@@ -7,15 +7,17 @@ cpu/memory/nvidia.com/gpu and the pod count against allocatable, then the rules 
 required pod (anti-)affinity, topology spread constraints with DoNotSchedule). Among the nodes that fit it picks
 the best by placement.inter_pod_penalty (preferred (anti-)affinity, ScheduleAnyway spreads), then fewer untolerated
 PreferNoSchedule taints, then the fewest pods (spreading, like the default least-allocated score). A pod that fits
-nowhere stays Pending with PodScheduled=False (Unschedulable) and a FailedScheduling event; it is retried whenever
-pods or nodes change. `choose_node` is the whole decision, pure.
+nowhere stays Pending with PodScheduled=False (Unschedulable) and a FailedScheduling event; it is retried on the
+events that can make it fit, as kube-scheduler's unschedulable queue does (Scheduler). `choose_node` is the whole
+decision, pure.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter
+import time
+from collections import Counter, deque
 from decimal import Decimal
 
 from kubernetes.utils.quantity import parse_quantity
@@ -36,6 +38,7 @@ from .placement import Placed, inter_pod_filter, inter_pod_penalty, node_fits_af
 log = logging.getLogger(__name__)
 SCHEDULER_NAME = "default-scheduler"
 UNSCHEDULABLE_TAINT = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
+FLUSH_SECONDS = 30.0  # the longest a pod that fit nowhere waits for its next try (kube-scheduler: 5 min)
 
 
 def tolerates(tolerations: list[Obj], taint: Obj) -> bool:
@@ -125,7 +128,24 @@ def choose_node(
     return min(fits, key=rank), reasons
 
 
+def _relevant(node: Obj) -> tuple:
+    """What of a node the filters read: a change here can make a waiting pod fit (a heartbeat changes none)."""
+    status = node.get("status") or {}
+    return (
+        meta(node).get("labels"),
+        node.get("spec"),
+        status.get("allocatable") or status.get("capacity"),
+        is_ready(node),
+    )
+
+
 class Scheduler:
+    """kube-scheduler's queues: a pod that comes (or changes) is tried at once; one that fits nowhere waits in the
+    unschedulable set until an event that can make it fit (a node added or changed in what the filters read, a
+    placed pod gone, finished or moved, or for a pod with required pod affinity a pod placed), and at the latest
+    FLUSH_SECONDS. The placed pods and each node's requests are kept from the events, so an event costs the pod or
+    node it names, not a pass over every pod (issue 15)."""
+
     def __init__(self, kube: Kube, pods: Informer, nodes: Informer):
         self.kube, self.pods, self.nodes = kube, pods, nodes
         self.wake = threading.Event()
@@ -133,8 +153,17 @@ class Scheduler:
         self._assumed: dict[str, str] = {}  # pod uid -> node, until the cache shows the binding
         self._reported: dict[str, str] = {}  # pod uid -> last FailedScheduling message
         self._binding_supported = True
-        pods.listeners.append(lambda *_: self.wake.set())
-        nodes.listeners.append(lambda *_: self.wake.set())
+        self._events: deque[tuple[str, str, Obj]] = deque()
+        self._nodes: dict[str, Obj] = {}
+        self.placed = Placed(self._nodes)
+        self._used: dict[str, dict[str, Decimal]] = {}  # node -> requests of the pods placed there
+        self._active: dict[str, Obj] = {}  # uid -> pod to try on the next pass
+        self._unschedulable: dict[str, Obj] = {}  # uid -> the pod as it was when no node fit
+        self._wants_neighbours: set[str] = set()  # unschedulable pods with required pod affinity
+        self._flushed = time.monotonic()
+        self.attempts = 0  # pods tried against the nodes: what the tests bound
+        pods.listeners.append(lambda kind, obj: self._event("pod", kind, obj))
+        nodes.listeners.append(lambda kind, obj: self._event("node", kind, obj))
         self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
 
     def start(self) -> Scheduler:
@@ -145,53 +174,139 @@ class Scheduler:
         self._stop.set()
         self.wake.set()
 
+    def _event(self, resource: str, kind: str, obj: Obj) -> None:
+        self._events.append((resource, kind, obj))
+        self.wake.set()
+
     def _run(self) -> None:
         self.pods.synced.wait()
         self.nodes.synced.wait()
+        # What the caches held before this scheduler listened (replaying an object it has seen changes nothing).
+        for resource, informer in (("node", self.nodes), ("pod", self.pods)):
+            for obj in informer.items():
+                self._event(resource, "MODIFIED", obj)
         while not self._stop.is_set():
-            self.wake.wait(2.0)  # also retries unschedulable pods every 2 s
+            self.wake.wait(max(0.1, self._flushed + FLUSH_SECONDS - time.monotonic()))
             self.wake.clear()
             try:
                 self.schedule_once()
             except Exception:
                 log.exception("scheduling pass failed")
                 self._stop.wait(0.5)
+                self.wake.set()  # the pods of the failed pass are still active
 
+    # --- what the events say --------------------------------------------------------------------------------------
+    def _retry_all(self) -> None:
+        self._active.update(self._unschedulable)
+        self._unschedulable.clear()
+
+    def _on_node(self, kind: str, node: Obj) -> None:
+        name = meta(node)["name"]
+        if kind == "DELETED":
+            self._nodes.pop(name, None)
+            self._used.pop(name, None)
+            return
+        before = self._nodes.get(name)
+        self._nodes[name] = node
+        if name not in self._used:
+            self._used[name] = {r: Decimal(0) for r in RESOURCES}
+            for pod in self.placed.on.get(name, {}).values():
+                self._charge(name, pod, 1)
+        if before is None or _relevant(before) != _relevant(node):
+            self._retry_all()
+
+    def _charge(self, node: str, pod: Obj, sign: int) -> None:
+        if node in self._used:
+            for r, q in pod_requests(pod).items():
+                self._used[node][r] += sign * q
+
+    def _unplace(self, uid: str) -> None:
+        node = self.placed.node_of(uid)
+        if node is not None:
+            self._charge(node, self.placed.on[node][uid], -1)
+            self.placed.remove(uid)
+            self._retry_all()  # freed requests, or an anti-affinity peer gone
+
+    def _place(self, pod: Obj, node: str) -> None:
+        uid = meta(pod).get("uid", "")
+        before = self.placed.node_of(uid)
+        old = self.placed.on[before][uid] if before is not None else None
+        if before is not None:
+            self._charge(before, old, -1)
+        self.placed.add(pod, node)
+        self._charge(node, pod, 1)
+        if old is not None and (before != node or meta(old).get("labels") != meta(pod).get("labels")):
+            self._retry_all()
+        elif old is None:  # a new neighbour can satisfy a waiting pod's required pod affinity
+            for u in self._wants_neighbours & self._unschedulable.keys():
+                self._active[u] = self._unschedulable.pop(u)
+            self._wants_neighbours.clear()
+
+    def _on_pod(self, kind: str, pod: Obj) -> None:
+        m, spec = meta(pod), pod.get("spec") or {}
+        uid = m.get("uid", "")
+        if kind == "DELETED" or is_terminal(pod):
+            self._unplace(uid)
+            for table in (self._active, self._unschedulable, self._assumed, self._reported):
+                table.pop(uid, None)
+            return
+        if spec.get("nodeName"):
+            self._assumed.pop(uid, None)
+            self._active.pop(uid, None)
+            self._unschedulable.pop(uid, None)
+            self._place(pod, spec["nodeName"])
+            return
+        if uid in self._assumed or spec.get("schedulerName", SCHEDULER_NAME) != SCHEDULER_NAME:
+            return  # bound by this scheduler (the cache is behind), or not ours
+        if m.get("deletionTimestamp"):
+            self._active.pop(uid, None)
+            self._unschedulable.pop(uid, None)
+            return
+        waiting = self._unschedulable.get(uid)
+        if (
+            waiting is not None
+            and waiting.get("spec") == spec
+            and meta(waiting).get("labels") == m.get("labels")
+        ):
+            self._unschedulable[uid] = pod  # its status only (this scheduler's own Unschedulable condition)
+            return
+        self._unschedulable.pop(uid, None)
+        self._active[uid] = pod
+
+    # --- one pass -------------------------------------------------------------------------------------------------
     def schedule_once(self) -> None:
-        pods = self.pods.items()
-        nodes = {meta(n)["name"]: n for n in self.nodes.items()}
-        used: dict[str, dict[str, Decimal]] = {n: {r: Decimal(0) for r in RESOURCES} for n in nodes}
-        placed = Placed(nodes)
-        pending = []
-        for pod in pods:
+        while self._events:
+            resource, kind, obj = self._events.popleft()
+            (self._on_pod if resource == "pod" else self._on_node)(kind, obj)
+        if time.monotonic() - self._flushed >= FLUSH_SECONDS:
+            self._flushed = time.monotonic()
+            self._retry_all()
+        order = sorted(
+            self._active.values(), key=lambda p: (meta(p).get("creationTimestamp") or "", meta(p).get("name"))
+        )
+        for pod in order:
             uid = meta(pod).get("uid", "")
-            node = (pod.get("spec") or {}).get("nodeName") or self._assumed.get(uid)
-            if (pod.get("spec") or {}).get("nodeName"):
-                self._assumed.pop(uid, None)
-            if node:
-                if node in used and not is_terminal(pod):
-                    placed.add(pod, node)
-                    for r, q in pod_requests(pod).items():
-                        used[node][r] += q
-            elif (
-                not meta(pod).get("deletionTimestamp")
-                and not is_terminal(pod)
-                and (pod.get("spec") or {}).get("schedulerName", SCHEDULER_NAME) == SCHEDULER_NAME
-            ):
-                pending.append(pod)
-        live = {meta(p).get("uid") for p in pods}
-        self._assumed = {u: n for u, n in self._assumed.items() if u in live}
-        self._reported = {u: m for u, m in self._reported.items() if u in live}
-        pending.sort(key=lambda p: (meta(p).get("creationTimestamp") or "", meta(p).get("name")))
-        for pod in pending:
-            target, reasons = choose_node(pod, placed, used)
-            if target is None:
-                self._unschedulable(pod, len(nodes), reasons)
+            if self._active.get(uid) is not pod:
                 continue
-            if self._bind(pod, target):  # the next pending pod sees this one where it went
-                placed.add(pod, target)
-                for r, q in pod_requests(pod).items():
-                    used[target][r] += q
+            self.attempts += 1
+            target, reasons = choose_node(pod, self.placed, self._used)
+            try:
+                if target is None:
+                    self._unschedulable[uid] = self._active.pop(uid)
+                    if ((pod.get("spec") or {}).get("affinity") or {}).get("podAffinity"):
+                        self._wants_neighbours.add(uid)
+                    self._unschedulable_report(pod, len(self._nodes), reasons)
+                elif self._bind(pod, target):  # the next pending pod sees this one where it went
+                    self._active.pop(uid, None)
+                    self._place(pod, target)
+                else:  # deleted meanwhile, or already bound: its event says which
+                    self._active.pop(uid, None)
+            except Exception:
+                self._active[uid] = pod  # tried again on the next pass
+                self._unschedulable.pop(uid, None)
+                raise
+        if self._active:  # pods a placement of this pass made worth another try
+            self.wake.set()
 
     def _bind(self, pod: Obj, node: str) -> bool:
         m = meta(pod)
@@ -233,7 +348,7 @@ class Scheduler:
         )
         return True
 
-    def _unschedulable(self, pod: Obj, total: int, reasons: Counter[str]) -> None:
+    def _unschedulable_report(self, pod: Obj, total: int, reasons: Counter[str]) -> None:
         detail = ", ".join(f"{n} {why}" for why, n in sorted(reasons.items()))
         message = f"0/{total} nodes are available" + (f": {detail}." if detail else ": no nodes registered.")
         uid = meta(pod).get("uid", "")
