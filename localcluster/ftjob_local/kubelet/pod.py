@@ -27,6 +27,8 @@ class KubeletHost(Protocol):
 
     def release_ip(self, ip: str) -> None: ...
 
+    def worker_finished(self, uid: str) -> None: ...
+
 
 class PodBase:
     """One pod's identity, folders, containers and flags."""

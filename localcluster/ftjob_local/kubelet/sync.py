@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..client import Informer, Kube, Obj
+from ..client import Informer, Kube, Obj, key_of
 from ..objects import is_terminal, meta, pod_path
 from ..procs import kill_recorded
 from .container import HOST_IP
@@ -25,6 +25,7 @@ from .worker import PodWorker
 log = logging.getLogger(__name__)
 
 POD_CIDR_PREFIX = "127.10"
+SWEEP_SECONDS = 30.0  # every pod is synced at least this often, whatever the events said
 
 
 class Kubelet:
@@ -42,6 +43,17 @@ class Kubelet:
         self._ipam_file = self.state_dir / "node-agent" / "ipam.json"
         self._next_ip = self._load_ipam()
         self._orphan_since: dict[str, float] = {}
+        # What changed since the last sync: pods by (namespace, name), workers that ended; a change of the served or
+        # existing nodes (and SWEEP_SECONDS) syncs every pod. An event costs its own pod, not all of them (issue 15).
+        self._dirty: set[tuple[str, str]] = set()
+        self._ended: set[str] = set()
+        self._events_lock = threading.Lock()
+        self._swept: tuple[frozenset, frozenset] | None = None
+        self._next_sweep = 0.0
+        self.pods_synced = 0  # pods looked at by sync(): what the tests bound
+        # pod IP -> uids of the live pod objects that carry it (what a new address must not collide with)
+        self._ip_users: dict[str, set[str]] = {}
+        self._ip_of: dict[str, str] = {}
         self.terminal: set[str] = set()  # uids of finished pods (no worker thread any more)
         self._gone: set[str] = set()  # terminal pods whose objects were deleted: their folders go
         pods.listeners.append(self._on_pod)
@@ -67,14 +79,11 @@ class Kubelet:
             if existing and existing.startswith(POD_CIDR_PREFIX + ".") and existing not in self._ips:
                 self._ips.add(existing)
                 return existing
-            in_use = self._ips | {
-                (p.get("status") or {}).get("podIP") for p in self.pods.items() if not is_terminal(p)
-            }
             for _ in range(65534):
                 n = self._next_ip
                 self._next_ip = 2 if self._next_ip >= 65533 else self._next_ip + 1
                 ip = f"{POD_CIDR_PREFIX}.{n >> 8}.{n & 255}"
-                if ip not in in_use and (n & 255) not in (0, 255):
+                if ip not in self._ips and not self._ip_users.get(ip) and (n & 255) not in (0, 255):
                     break
             else:
                 raise RuntimeError("no free pod address in 127.10.0.0/16")
@@ -87,7 +96,30 @@ class Kubelet:
         with self._lock:
             self._ips.discard(ip)
 
+    def _track_ip(self, kind: str, pod: Obj) -> None:
+        uid = meta(pod).get("uid", "")
+        ip = (pod.get("status") or {}).get("podIP")
+        if kind == "DELETED" or is_terminal(pod):
+            ip = None
+        with self._lock:
+            old = self._ip_of.pop(uid, None)
+            if old is not None:
+                self._ip_users[old].discard(uid)
+                if not self._ip_users[old]:
+                    del self._ip_users[old]
+            if ip:
+                self._ip_of[uid] = ip
+                self._ip_users.setdefault(ip, set()).add(uid)
+
+    def worker_finished(self, uid: str) -> None:
+        with self._events_lock:
+            self._ended.add(uid)
+        self.wake.set()
+
     def _on_pod(self, kind: str, pod: Obj) -> None:
+        self._track_ip(kind, pod)
+        with self._events_lock:
+            self._dirty.add(key_of(pod))
         uid = meta(pod).get("uid")
         worker = self.workers.get(uid)
         if worker is not None:
@@ -105,6 +137,8 @@ class Kubelet:
     def _run(self) -> None:
         self.pods.synced.wait()
         self.nodes.synced.wait()
+        for pod in self.pods.items():  # addresses of pods listed before this kubelet listened
+            self._track_ip("MODIFIED", pod)
         self._housekeeping()
         while not self._stop.is_set():
             self.wake.wait(1.0)
@@ -117,36 +151,52 @@ class Kubelet:
     def sync(self) -> None:
         nodes = {meta(n)["name"] for n in self.nodes.items()}
         now = time.monotonic()
-        for pod in self.pods.items():
-            m = meta(pod)
-            uid, node = m.get("uid"), (pod.get("spec") or {}).get("nodeName")
-            if not node:
-                continue
-            if node not in nodes:
-                self._collect_orphan(pod, now)
-                continue
-            if uid in self.terminal:
-                if m.get("deletionTimestamp"):  # a terminal pod has no processes left: delete it for good
-                    self.kube.delete(pod_path(m.get("namespace", "default"), m["name"]), grace=0, uid=uid)
-                continue
-            if node not in self.served or uid in self.workers:
-                continue
-            worker = PodWorker(self, pod)
-            self.workers[uid] = worker
-            worker.update(pod)
-            worker.thread.start()
+        with self._events_lock:
+            dirty, self._dirty = self._dirty, set()
+            ended, self._ended = self._ended, set()
+        seen = (frozenset(self.served), frozenset(nodes))
+        if seen != self._swept or now >= self._next_sweep:
+            self._swept, self._next_sweep = seen, now + SWEEP_SECONDS
+            pods, workers = self.pods.items(), list(self.workers.items())
+        else:
+            workers = [(u, self.workers[u]) for u in ended if u in self.workers]
+            # an ended worker's pod: terminal now (deleted for good once asked), or to be started again
+            dirty |= {(w.ns, w.name) for _, w in workers}
+            pods = [p for p in (self.pods.get(*key) for key in sorted(dirty)) if p is not None]
         # Workers whose node is no longer served (deleted / preempted) die at once.
-        for uid, worker in list(self.workers.items()):
+        for uid, worker in workers:
             if worker.node not in self.served or worker.node not in nodes:
                 worker.kill()
             if worker.finished.is_set():
                 del self.workers[uid]
                 if worker.terminal and not worker.gone:
                     self.terminal.add(uid)
+        for pod in pods:
+            self.pods_synced += 1
+            self._sync_pod(pod, nodes, now)
         gone, self._gone = self._gone, set()
         for uid in gone & self.terminal:
             shutil.rmtree(self.state_dir / "pods" / uid, ignore_errors=True)
             self.terminal.discard(uid)
+
+    def _sync_pod(self, pod: Obj, nodes: set[str], now: float) -> None:
+        m = meta(pod)
+        uid, node = m.get("uid"), (pod.get("spec") or {}).get("nodeName")
+        if not node:
+            return
+        if node not in nodes:
+            self._collect_orphan(pod, now)
+            return
+        if uid in self.terminal:
+            if m.get("deletionTimestamp"):  # a terminal pod has no processes left: delete it for good
+                self.kube.delete(pod_path(m.get("namespace", "default"), m["name"]), grace=0, uid=uid)
+            return
+        if node not in self.served or uid in self.workers:
+            return
+        worker = PodWorker(self, pod)
+        self.workers[uid] = worker
+        worker.update(pod)
+        worker.thread.start()
 
     def _housekeeping(self) -> None:
         """Kills and removes what pods deleted while no kubelet ran left behind (their uids no object has)."""
@@ -167,7 +217,8 @@ class Kubelet:
         uid = meta(pod)["uid"]
         first = self._orphan_since.setdefault(uid, now)
         if now - first < 2.0:
-            self.wake.set()
+            with self._events_lock:
+                self._dirty.add(key_of(pod))  # looked at again on the next sync, a second from now at most
             return
         worker = self.workers.get(uid)
         if worker:

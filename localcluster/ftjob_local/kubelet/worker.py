@@ -268,3 +268,4 @@ class PodWorker(PodProbes, PodVolumes, PodStatus):
         if self.gone or meta(self.pod).get("deletionTimestamp"):
             shutil.rmtree(self.dir, ignore_errors=True)
         self.finished.set()
+        self.k.worker_finished(self.uid)
