@@ -139,12 +139,27 @@ def _relevant(node: Obj) -> tuple:
     )
 
 
+def _wants_neighbours(pod: Obj) -> bool:
+    """Whether placing a pod can make this one fit: required pod affinity, or a DoNotSchedule spread constraint
+    (a pod placed in the emptiest domain lowers the skew elsewhere)."""
+    spec = pod.get("spec") or {}
+    return bool(
+        ((spec.get("affinity") or {}).get("podAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        )
+        or any(
+            c.get("whenUnsatisfiable", "DoNotSchedule") == "DoNotSchedule"
+            for c in spec.get("topologySpreadConstraints") or []
+        )
+    )
+
+
 class Scheduler:
     """kube-scheduler's queues: a pod that comes (or changes) is tried at once; one that fits nowhere waits in the
-    unschedulable set until an event that can make it fit (a node added or changed in what the filters read, a
-    placed pod gone, finished or moved, or for a pod with required pod affinity a pod placed), and at the latest
-    FLUSH_SECONDS. The placed pods and each node's requests are kept from the events, so an event costs the pod or
-    node it names, not a pass over every pod (issue 15)."""
+    unschedulable set until an event that can make it fit: a node added or changed in what the filters read, a
+    placed pod gone, finished or moved, or (for required pod affinity or topology spread) a pod placed; and at the
+    latest FLUSH_SECONDS. The placed pods and each node's requests are kept from the events, so an event costs the
+    pod or node it names, not a pass over every pod (issue 15)."""
 
     def __init__(self, kube: Kube, pods: Informer, nodes: Informer):
         self.kube, self.pods, self.nodes = kube, pods, nodes
@@ -159,7 +174,7 @@ class Scheduler:
         self._used: dict[str, dict[str, Decimal]] = {}  # node -> requests of the pods placed there
         self._active: dict[str, Obj] = {}  # uid -> pod to try on the next pass
         self._unschedulable: dict[str, Obj] = {}  # uid -> the pod as it was when no node fit
-        self._wants_neighbours: set[str] = set()  # unschedulable pods with required pod affinity
+        self._wants_neighbours: set[str] = set()  # unschedulable pods that a pod placed may let in
         self._flushed = time.monotonic()
         self.attempts = 0  # pods tried against the nodes: what the tests bound
         pods.listeners.append(lambda kind, obj: self._event("pod", kind, obj))
@@ -237,7 +252,7 @@ class Scheduler:
         self._charge(node, pod, 1)
         if old is not None and (before != node or meta(old).get("labels") != meta(pod).get("labels")):
             self._retry_all()
-        elif old is None:  # a new neighbour can satisfy a waiting pod's required pod affinity
+        elif old is None:  # a new neighbour can satisfy a waiting pod's pod affinity or topology spread
             for u in self._wants_neighbours & self._unschedulable.keys():
                 self._active[u] = self._unschedulable.pop(u)
             self._wants_neighbours.clear()
@@ -293,7 +308,7 @@ class Scheduler:
             try:
                 if target is None:
                     self._unschedulable[uid] = self._active.pop(uid)
-                    if ((pod.get("spec") or {}).get("affinity") or {}).get("podAffinity"):
+                    if _wants_neighbours(pod):
                         self._wants_neighbours.add(uid)
                     self._unschedulable_report(pod, len(self._nodes), reasons)
                 elif self._bind(pod, target):  # the next pending pod sees this one where it went

@@ -143,3 +143,22 @@ def test_a_deleted_neighbour_and_a_node_label_bring_waiting_pods_back(world):
 
     kube.merge_patch("/api/v1/nodes/n0", {"metadata": {"labels": {"pool": "none"}}})
     wait_until(lambda: all(node_of(kube, f"j{i}-waiting") == "n0" for i in range(OTHER_JOBS)), 60, "binds")
+
+
+def test_a_pod_waiting_for_a_neighbour_is_tried_when_one_is_placed(world):
+    kube, scheduler = world
+    term = {"labelSelector": {"matchLabels": {"group": "late"}}, "topologyKey": HOST}
+    near = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    make_pod(kube, "follower", {"group": "follower"}, affinity=near)
+    waiting = wait_until(
+        lambda: (lambda p: p if condition(p or {}, "PodScheduled") else None)(
+            kube.get(pod_path(NS, "follower"))
+        ),
+        20,
+        "follower reported",
+    )
+    assert condition(waiting, "PodScheduled")["message"] == (
+        "0/2 nodes are available: 2 node(s) didn't match pod affinity rules."
+    )
+    make_pod(kube, "leader", {"group": "late"}, "n1")
+    assert wait_until(lambda: node_of(kube, "follower"), 20, "follower bound") == "n1"
