@@ -4,6 +4,8 @@ A pod whose object vanished (deleted with grace 0, garbage-collected, or missing
 it restarted) loses its processes at once (SIGKILL: a graceful deletion had its grace period while the object was
 there) and its folder. One that vanished while this kubelet was not running is found when it starts: pod folders
 under DIR/pods whose uid no pod object has are killed and removed the same way, before any pod is synced.
+A sync looks at the pods whose events came since the last one and at those whose workers ended; every pod only when
+the served or existing nodes change, after a failed sync, and every SWEEP_SECONDS (issue 15).
 """
 
 from __future__ import annotations
@@ -147,6 +149,7 @@ class Kubelet:
                 self.sync()
             except Exception:
                 log.exception("kubelet sync failed")
+                self._next_sweep = 0.0  # what that sync had left is looked at again, with everything else
 
     def sync(self) -> None:
         nodes = {meta(n)["name"] for n in self.nodes.items()}
