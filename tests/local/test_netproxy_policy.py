@@ -133,6 +133,9 @@ def cluster():
     finally:
         proxy.stop()
         for s in servers:
+            # shutdown wakes the thread blocked in accept(); close alone leaves the port bound until it returns,
+            # and a later test that draws the same address fails with EADDRINUSE
+            s.shutdown(socket.SHUT_RDWR)
             s.close()
 
 

@@ -116,6 +116,7 @@ def test_one_event_and_one_connection_cost_the_same_beside_a_thousand_other_jobs
         assert proxy.policy_index.visited - policies_seen == 1
     finally:
         proxy.stop()
+        listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() (close alone keeps the port bound)
         listener.close()
 
 
