@@ -38,7 +38,7 @@ from .placement import Placed, inter_pod_filter, inter_pod_penalty, node_fits_af
 log = logging.getLogger(__name__)
 SCHEDULER_NAME = "default-scheduler"
 UNSCHEDULABLE_TAINT = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
-FLUSH_SECONDS = 30.0  # the longest a pod that fit nowhere waits for its next try (kube-scheduler: 5 min)
+FLUSH_SECONDS = 60.0  # the longest a pod that fit nowhere waits for its next try (kube-scheduler: 5 min)
 
 
 def tolerates(tolerations: list[Obj], taint: Obj) -> bool:
@@ -158,7 +158,7 @@ class Scheduler:
     """kube-scheduler's queues: a pod that comes (or changes) is tried at once; one that fits nowhere waits in the
     unschedulable set until an event that can make it fit: a node added or changed in what the filters read, a
     placed pod gone, finished or moved, or (for required pod affinity or topology spread) a pod placed; and at the
-    latest FLUSH_SECONDS. The placed pods and each node's requests are kept from the events, so an event costs the
+    latest FLUSH_SECONDS after its last try. The placed pods and each node's requests are kept from the events, so an event costs the
     pod or node it names, not a pass over every pod (issue 15)."""
 
     def __init__(self, kube: Kube, pods: Informer, nodes: Informer):
@@ -173,9 +173,9 @@ class Scheduler:
         self.placed = Placed(self._nodes)
         self._used: dict[str, dict[str, Decimal]] = {}  # node -> requests of the pods placed there
         self._active: dict[str, Obj] = {}  # uid -> pod to try on the next pass
-        self._unschedulable: dict[str, Obj] = {}  # uid -> the pod as it was when no node fit
+        self._unschedulable: dict[str, Obj] = {}  # uid -> the pod as it was when no node fit, oldest first
+        self._since: dict[str, float] = {}  # uid -> when it last fit nowhere
         self._wants_neighbours: set[str] = set()  # unschedulable pods that a pod placed may let in
-        self._flushed = time.monotonic()
         self.attempts = 0  # pods tried against the nodes: what the tests bound
         pods.listeners.append(lambda kind, obj: self._event("pod", kind, obj))
         nodes.listeners.append(lambda kind, obj: self._event("node", kind, obj))
@@ -201,7 +201,9 @@ class Scheduler:
             for obj in informer.items():
                 self._event(resource, "MODIFIED", obj)
         while not self._stop.is_set():
-            self.wake.wait(max(0.1, self._flushed + FLUSH_SECONDS - time.monotonic()))
+            oldest = next(iter(self._unschedulable), None)  # the first to be due for its periodic try
+            waited = time.monotonic() - self._since[oldest] if oldest is not None else 0.0
+            self.wake.wait(max(0.1, FLUSH_SECONDS - waited))
             self.wake.clear()
             try:
                 self.schedule_once()
@@ -214,6 +216,11 @@ class Scheduler:
     def _retry_all(self) -> None:
         self._active.update(self._unschedulable)
         self._unschedulable.clear()
+        self._since.clear()
+
+    def _unwait(self, uid: str) -> Obj | None:
+        self._since.pop(uid, None)
+        return self._unschedulable.pop(uid, None)
 
     def _on_node(self, kind: str, node: Obj) -> None:
         name = meta(node)["name"]
@@ -254,7 +261,7 @@ class Scheduler:
             self._retry_all()
         elif old is None:  # a new neighbour can satisfy a waiting pod's pod affinity or topology spread
             for u in self._wants_neighbours & self._unschedulable.keys():
-                self._active[u] = self._unschedulable.pop(u)
+                self._active[u] = self._unwait(u)
             self._wants_neighbours.clear()
 
     def _on_pod(self, kind: str, pod: Obj) -> None:
@@ -262,20 +269,21 @@ class Scheduler:
         uid = m.get("uid", "")
         if kind == "DELETED" or is_terminal(pod):
             self._unplace(uid)
-            for table in (self._active, self._unschedulable, self._assumed, self._reported):
+            self._unwait(uid)
+            for table in (self._active, self._assumed, self._reported):
                 table.pop(uid, None)
             return
         if spec.get("nodeName"):
             self._assumed.pop(uid, None)
             self._active.pop(uid, None)
-            self._unschedulable.pop(uid, None)
+            self._unwait(uid)
             self._place(pod, spec["nodeName"])
             return
         if uid in self._assumed or spec.get("schedulerName", SCHEDULER_NAME) != SCHEDULER_NAME:
             return  # bound by this scheduler (the cache is behind), or not ours
         if m.get("deletionTimestamp"):
             self._active.pop(uid, None)
-            self._unschedulable.pop(uid, None)
+            self._unwait(uid)
             return
         waiting = self._unschedulable.get(uid)
         if (
@@ -285,7 +293,7 @@ class Scheduler:
         ):
             self._unschedulable[uid] = pod  # its status only (this scheduler's own Unschedulable condition)
             return
-        self._unschedulable.pop(uid, None)
+        self._unwait(uid)
         self._active[uid] = pod
 
     # --- one pass -------------------------------------------------------------------------------------------------
@@ -293,9 +301,13 @@ class Scheduler:
         while self._events:
             resource, kind, obj = self._events.popleft()
             (self._on_pod if resource == "pod" else self._on_node)(kind, obj)
-        if time.monotonic() - self._flushed >= FLUSH_SECONDS:
-            self._flushed = time.monotonic()
-            self._retry_all()
+        now = time.monotonic()
+        for uid in list(
+            self._unschedulable
+        ):  # oldest first: stops at the first that has not waited long enough
+            if now - self._since[uid] < FLUSH_SECONDS:
+                break
+            self._active[uid] = self._unwait(uid)
         order = sorted(
             self._active.values(), key=lambda p: (meta(p).get("creationTimestamp") or "", meta(p).get("name"))
         )
@@ -308,6 +320,7 @@ class Scheduler:
             try:
                 if target is None:
                     self._unschedulable[uid] = self._active.pop(uid)
+                    self._since[uid] = time.monotonic()
                     if _wants_neighbours(pod):
                         self._wants_neighbours.add(uid)
                     self._unschedulable_report(pod, len(self._nodes), reasons)
@@ -318,7 +331,7 @@ class Scheduler:
                     self._active.pop(uid, None)
             except Exception:
                 self._active[uid] = pod  # tried again on the next pass
-                self._unschedulable.pop(uid, None)
+                self._unwait(uid)
                 raise
         if self._active:  # pods a placement of this pass made worth another try
             self.wake.set()
