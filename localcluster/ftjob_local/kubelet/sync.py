@@ -50,6 +50,8 @@ class Kubelet:
         self._dirty: set[tuple[str, str]] = set()
         self._ended: set[str] = set()
         self._events_lock = threading.Lock()
+        # held by a sync; shutdown takes it after setting _stop, so no sync can start a worker it would not kill
+        self._sync_lock = threading.RLock()
         self._swept: tuple[frozenset, frozenset] | None = None
         self._next_sweep = 0.0
         self.pods_synced = 0  # pods looked at by sync(): what the tests bound
@@ -152,6 +154,11 @@ class Kubelet:
                 self._next_sweep = 0.0  # what that sync had left is looked at again, with everything else
 
     def sync(self) -> None:
+        with self._sync_lock:
+            if not self._stop.is_set():
+                self._sync()
+
+    def _sync(self) -> None:
         nodes = {meta(n)["name"] for n in self.nodes.items()}
         now = time.monotonic()
         with self._events_lock:
@@ -238,7 +245,11 @@ class Kubelet:
         self._stop.set()
         if not kill_pods:
             return
-        for w in list(self.workers.values()):
+        with (
+            self._sync_lock
+        ):  # a sync under way finishes first; none starts after (a finished worker wakes one)
+            workers = list(self.workers.values())
+        for w in workers:
             w.gone = True  # keep the pod objects: a restarted agent reports the lost containers
             w.kill()
         deadline = time.monotonic() + timeout
