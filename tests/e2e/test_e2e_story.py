@@ -207,10 +207,11 @@ def test_crashing_trainer_spends_failure_budget_with_backoff(session, tmp_path):
         for p in session.pods(name):
             if p["metadata"]["labels"].get("ftjob.dev/role") == "worker":
                 seen.setdefault(int(p["metadata"]["labels"]["ftjob.dev/restart-generation"]), now)
-        # Fail fast, saying why, when the crashes never leave the pod.
+        # Fail fast, saying why, when the crashes never leave the pod. The warm launcher restarts a crashed trainer
+        # in about a second and the operator reads the coordinator every 10 s: 40 crashes are several reads.
         events = read_job_events(session.cluster.dir, session.ns, name)
         crashes = len(of(events, contract.EVENT_EXIT, code=contract.EXIT_ERROR))
-        if crashes > 10 and not st.get("failures"):
+        if crashes > 40 and not st.get("failures"):
             pytest.fail(
                 f"the trainer crashed {crashes} times inside its pod (torchrun restarted it each time) and "
                 "the operator counted no failure"
