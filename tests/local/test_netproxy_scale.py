@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import random
 import socket
-import threading
 
 from ftjob_local.labelindex import LabelIndex, SelectorIndex
 from ftjob_local.netproxy import ServiceProxy
@@ -15,6 +14,7 @@ from ftjob_local.objects import own_ip
 from ftjob_operator import network_policy, render
 from ftjob_trainer.contract import RDZV_PORT
 from support.wait import wait_until
+from test_netproxy_policy import echo_server
 
 NS = "team-a"
 OTHERS = 1000
@@ -77,18 +77,7 @@ def test_one_event_and_one_connection_cost_the_same_beside_a_thousand_other_jobs
     for job in ["mine"] + [f"j{i}" for i in range(OTHERS)]:
         policies.append(network_policy.render_network_policy(render.JobRef(job, NS, f"uid-{job}"), None))
     pod_cache = Cache(pods)
-    listener = socket.create_server((own_ip(mine[0], coord_ip), RDZV_PORT))
-
-    def echo():
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            with conn:
-                conn.sendall(conn.recv(4))
-
-    threading.Thread(target=echo, daemon=True).start()
+    listener = echo_server(own_ip(mine[0], coord_ip))
     proxy = ServiceProxy(Cache(services), pod_cache, Cache(policies), Cache([])).start()
     try:
         wanted = [(coord_ip, RDZV_PORT), (svc_ip, RDZV_PORT)]
