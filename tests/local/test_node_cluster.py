@@ -577,7 +577,12 @@ def test_pods_keep_running_across_an_api_server_restart(kube, cluster, tmp_path)
     """The node agent re-lists after the control plane comes back: running pods continue, new pods run."""
     marker = tmp_path / "ticks"
     pod_name = name("steady")
-    code = f"import time, pathlib\nn = 0\nwhile True:\n    n += 1; pathlib.Path({str(marker)!r}).write_text(str(n)); time.sleep(0.1)"
+    # The pod writes each tick to a side file and renames it over the marker, so a read never sees the
+    # marker truncated and empty (write_text truncates first: CI read '' once).
+    code = (
+        f"import os, time, pathlib\nn = 0\nwhile True:\n    n += 1; pathlib.Path({str(marker)!r} + '.tmp').write_text(str(n));"
+        f" os.replace({str(marker)!r} + '.tmp', {str(marker)!r}); time.sleep(0.1)"
+    )
     created = make_pod(
         kube,
         pod_name,
