@@ -63,6 +63,18 @@ def test_switches_are_on_unless_turned_off():
     assert not any(launch.enabled("X", {"X": v}) for v in ("0", "false", "No", " off "))
 
 
+def test_the_exit_barrier_is_30s_unless_set_and_reaches_the_agent_torchrun_builds(monkeypatch):
+    from torch.distributed.launcher import api
+
+    assert launch.exit_barrier_seconds({}) == launch.EXIT_BARRIER_SECONDS == 30.0
+    assert launch.exit_barrier_seconds({launch.ENV_EXIT_BARRIER_SECONDS: " 2.5 "}) == 2.5
+    monkeypatch.setattr(api, "LocalElasticAgent", api.LocalElasticAgent)  # restored after the test
+    assert launch.shorter_exit_barrier(4.0)
+    spec = SimpleNamespace(role="trainer", max_restarts=0, rdzv_handler=None, local_world_size=1)
+    agent = api.LocalElasticAgent(spec=spec, logs_specs=None)
+    assert agent._exit_barrier_timeout == 4.0
+
+
 def test_poll_interval_grows_with_the_nodes_up_to_c10ds_own():
     assert launch.poll_seconds(2, {}) == launch.MIN_POLL_SECONDS
     assert launch.poll_seconds(50, {}) == pytest.approx(0.5)
@@ -259,3 +271,47 @@ def test_a_stopped_agent_leaves_the_rendezvous_and_the_survivor_goes_on_without_
 
     # within the keep-alive's 10 minutes only a departed agent lets the survivor's round form
     wait_for(resumed_alone, timeout=300, proc=agents["b"], what="the survivor training alone after the save")
+
+
+HOLD = """
+import os, pathlib, time
+while os.environ["HOLD"] == "1" and not pathlib.Path(os.environ["RELEASE"]).exists():
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.slow
+def test_an_agent_whose_workers_finished_waits_for_a_peer_that_never_finishes_only_briefly(procs, tmp_path):
+    """A job that finishes while a peer is preempted: the finished agent's exit barrier waits for an agent that
+    never arrives. torchrun's 300 s kept the finished pod running; the launcher's barrier ends it within seconds."""
+    _, ports = start_coordinator(procs, "t0ken")
+    rdzv = [
+        "--nnodes=2:2",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{ports['storePort']}",
+        "--rdzv-id=job-barrier",
+        "--rdzv-conf=is_host=0,last_call_timeout=1,join_timeout=120",
+    ]
+    script, release = tmp_path / "hold.py", tmp_path / "release"
+    script.write_text(HOLD)
+    agents = {
+        name: procs.launch(
+            [],
+            name=name,
+            nproc=1,
+            rdzv=rdzv,
+            program=[str(script)],
+            env={
+                "HOLD": hold,
+                "RELEASE": str(release),
+                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+                launch.ENV_EXIT_BARRIER_SECONDS: "2",
+            },
+        )
+        for name, hold in (("done", "0"), ("held", "1"))
+    }
+    # well below torchrun's own 300 s, which this would wait without the launcher
+    assert finish(agents["done"], timeout=150) == 0, log_of(agents["done"])[-3000:]
+    assert agents["held"].poll() is None  # its worker still runs: the barrier gave up on it
+    release.touch()
+    assert finish(agents["held"]) == 0, log_of(agents["held"])[-3000:]

@@ -23,6 +23,13 @@ most once a second while they wait for a round to form, so the last one to learn
 second late. Here they read it every POLL_SECONDS_PER_NODE x max nodes seconds, 0.1 s to c10d's 1 s, and only while
 a round forms (the membership checks during training keep c10d's 1 s).
 
+A shorter exit barrier (FTJOB_EXIT_BARRIER_SECONDS, default 30). torchrun's agent, once its workers finished,
+waits up to 300 s for every agent of its round to finish too, a guard for an agent that hosts the rendezvous store
+(here the coordinator pod hosts it: is_host=0). A peer stopped by a preemption never arrives: a job that finished
+its last step during a peer's notice kept its finished pod running for 5 minutes while the operator replaced the
+lost one. Here the wait is 30 s (finished peers arrive within a second or two of each other, after the last
+collective save), and the operator takes one pod's exit 0 as the job's end.
+
 torch < 2.12's torchrun has no --shutdown-timeout (its agent gives workers a fixed 30 s after it forwards a stop
 signal, before SIGKILL): there the launcher drops the flag and gives the agent's close of its workers that timeout
 instead, so the operator's save deadline holds on the GPU image's torch 2.11 too.
@@ -48,6 +55,8 @@ log = logging.getLogger("ftjob.launch")
 ENV_WARM_WORKERS = "FTJOB_WARM_WORKERS"
 ENV_LEAVE_RENDEZVOUS = "FTJOB_LEAVE_RENDEZVOUS"
 ENV_POLL_SECONDS = "FTJOB_RENDEZVOUS_POLL_SECONDS"  # unset: from the node count; a number: that
+ENV_EXIT_BARRIER_SECONDS = "FTJOB_EXIT_BARRIER_SECONDS"
+EXIT_BARRIER_SECONDS = 30.0
 BUILTIN_TRAINER = "ftjob_trainer.train"
 WORKER_ENTRY = "ftjob_trainer.warm_worker"
 FORKSERVER_FIRST = "ftjob_trainer.warm_forkserver"  # its own session: pod-wide signals do not reach it
@@ -211,6 +220,32 @@ def leave_all(handlers: list, why: str) -> None:
             log.info("stopped by %s: left the rendezvous in %.3fs", why, time.monotonic() - started)
 
 
+# ================================================================================================ the exit barrier
+def exit_barrier_seconds(env: dict[str, str] | None = None) -> float:
+    value = (os.environ if env is None else env).get(ENV_EXIT_BARRIER_SECONDS, "").strip()
+    return max(0.0, float(value)) if value else EXIT_BARRIER_SECONDS
+
+
+def shorter_exit_barrier(seconds: float) -> bool:
+    """torchrun's agents wait `seconds` in the exit barrier instead of 300; False where this torch's agent takes no
+    such argument (its launcher builds the agent by the name patched here)."""
+    import inspect
+
+    from torch.distributed.launcher import api
+
+    agent = getattr(api, "LocalElasticAgent", None)
+    if agent is None or "exit_barrier_timeout" not in inspect.signature(agent.__init__).parameters:
+        return False
+
+    class Agent(agent):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("exit_barrier_timeout", seconds)
+            super().__init__(*args, **kwargs)
+
+    api.LocalElasticAgent = Agent
+    return True
+
+
 # ================================================================================================ older torchruns
 SHUTDOWN_FLAGS = ("--shutdown-timeout=", "--shutdown_timeout=")
 
@@ -282,6 +317,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "this torchrun has no --shutdown-timeout: %s",
                 f"its agent's close waits {seconds}s" if kept else "workers get torchrun's fixed 30s",
             )
+    barrier = exit_barrier_seconds()
+    if not shorter_exit_barrier(barrier):
+        log.info("this torchrun's agent takes no exit barrier timeout: it waits torchrun's own 300s")
     if warm and hasattr(torchrun, "config_from_args"):
         torchrun.config_from_args = warm_config(torchrun.config_from_args)
         getattr(processes, "logger", logging.getLogger(processes.__name__)).addFilter(

@@ -179,7 +179,7 @@ def restart_on_template_change(ctx: Context) -> Ending | None:
 def succeed(ctx: Context) -> Ending | None:
     # The trainer exits 0 only after the job's last step (a collective one), and torchrun exits 0 only when
     # its workers did: one worker pod that exits 0 proves the job is done. Waiting for the others can take
-    # torchrun's exit barrier (300 s) when a peer was lost near the end; they are deleted next pass instead.
+    # torchrun's exit barrier (the launcher's 30 s) when a peer was lost near the end; they are deleted next pass.
     workers = [p for p in ctx.current if pod_role(p) == render.ROLE_WORKER]
     done = [p for p in workers if pod_succeeded(p)]
     if not done:
