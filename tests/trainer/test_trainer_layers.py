@@ -14,6 +14,8 @@ import ast
 import sys
 from pathlib import Path
 
+from support.layers import Package
+
 PKG = Path(__file__).resolve().parents[2] / "trainer_image" / "ftjob_trainer"
 
 # Module name (relative to ftjob_trainer) prefix -> layer; a longer prefix wins.
@@ -52,95 +54,29 @@ LAYERS = {
 }
 
 
-def modules() -> dict[str, Path]:
-    out = {}
-    for f in PKG.rglob("*.py"):
-        parts = list(f.relative_to(PKG).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        out[".".join(parts)] = f
-    return out
-
-
-def import_graph() -> dict[str, set[str]]:
-    mods = modules()
-    graph: dict[str, set[str]] = {m: set() for m in mods}
-    for name, path in mods.items():
-        here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-        here = [p for p in here if p]
-        for node in ast.walk(ast.parse(path.read_text())):
-            targets: list[str] = []
-            if isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = here[: len(here) - node.level + 1] + (
-                        node.module.split(".") if node.module else []
-                    )
-                elif node.module == "ftjob_trainer" or (node.module or "").startswith("ftjob_trainer."):
-                    base = node.module.split(".")[1:]
-                else:
-                    continue
-                prefix = ".".join(base)
-                for alias in node.names:
-                    sub = f"{prefix}.{alias.name}" if prefix else alias.name
-                    targets.append(sub if sub in mods else prefix)
-            elif isinstance(node, ast.Import):
-                targets = [
-                    a.name[len("ftjob_trainer.") :] for a in node.names if a.name.startswith("ftjob_trainer.")
-                ]
-            graph[name] |= {t for t in targets if t in mods and t != name}
-    return graph
-
-
-def layer(module: str) -> int:
-    parts = module.split(".")
-    for n in range(len(parts), 0, -1):
-        key = ".".join(parts[:n])
-        if key in LAYERS:
-            return LAYERS[key]
-    raise AssertionError(
-        f"ftjob_trainer.{module} has no layer: add it to LAYERS here and to docs/INTERFACES.md"
-    )
+TRAINER = Package(PKG, "ftjob_trainer", LAYERS)
 
 
 def test_every_module_has_a_layer():
-    for m in modules():
-        layer(m)
-    stale = sorted(set(LAYERS) - set(modules()))
+    for m in TRAINER.modules():
+        TRAINER.layer(m)
+    stale = TRAINER.stale_layers()
     assert not stale, f"LAYERS names modules that no longer exist: {stale}"
 
 
 def test_imports_point_down():
-    upward = [
-        f"ftjob_trainer.{m or '__init__'} (layer {layer(m)}) imports ftjob_trainer.{t} (layer {layer(t)})"
-        for m, targets in import_graph().items()
-        for t in targets
-        if layer(t) > layer(m)
-    ]
+    upward = TRAINER.upward()
     assert not upward, "\n".join(upward)
 
 
 def test_no_import_cycles():
-    graph = import_graph()
-    cycles, state = [], {}
-
-    def visit(m: str, path: list[str]) -> None:
-        state[m] = "open"
-        for t in sorted(graph[m]):
-            if state.get(t) == "open":
-                cycles.append(" -> ".join(path[path.index(t) :] + [t]))
-            elif t not in state:
-                visit(t, path + [t])
-        state[m] = "done"
-
-    for m in sorted(graph):
-        if m not in state:
-            visit(m, [m])
+    cycles = TRAINER.cycles()
     assert not cycles, "\n".join(cycles)
 
 
 def test_the_graph_is_read():
     """Guards the reader above: it must see the trainer's imports, or the checks pass vacuously."""
-    graph = import_graph()
+    graph = TRAINER.import_graph()
     assert {"checkpoint", "startup", "reporting", "stopping", "preemption", "contract"} <= graph["train"]
     assert {"checkpoint_save", "checkpoint_load", "checkpoint_state", "checkpoint_copy"} <= graph[
         "checkpoint"
