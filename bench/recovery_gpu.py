@@ -7,6 +7,9 @@ breakdown, on three paths in one run, next to the machine's limits measured in t
                it saves to the memory tier, exits 75, and the launcher (torchrun's agent, --max-restarts)
                starts it again in the same "container"; its page cache stays warm (--survivor-signal SIGTERM:
                the rank is treated as preempted itself and saves durably)
+  spare        the replacement path with a warm spare (spec.workers.spares: 1): a second launcher waits in the
+               rendezvous, imported, before the signal; the first one's agent leaves the round after its stop save
+               and the spare's worker starts at once (the page cache of the stop save dropped once it commits)
   compile      the replacement path with --compile; the TorchInductor cache lives in the work directory, so the
                first torchrun compiles from scratch and the replacement finds the cache warm
   limits       the checkpoint medium's parallel cold-read bandwidth (page cache dropped) and /dev/shm's, so a
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import platform
 import shutil
 import signal
@@ -47,19 +51,8 @@ import recovery_limits  # noqa: E402
 from ftjob_local.procs import kill_tree  # noqa: E402
 from ftjob_local.timeline import analyze, breakdown_rows, of, pod_events  # noqa: E402
 from ftjob_trainer import contract  # noqa: E402
+from recovery_args import LAUNCHERS, parse_args  # noqa: E402
 from recovery_report import goals, markdown  # noqa: E402
-
-PATHS = ("limits", "replacement", "survivor", "compile")
-# Per preset: batch per rank, seq len, checkpoint every, --signal-after, probe MiB, budgets (s) per phase.
-PROFILES = {
-    "1b": dict(batch=8, seq_len=2048, every=40, after=3, probe_mb=4096, budget=(90, 150, 150, 200)),
-    "tiny": dict(batch=2, seq_len=64, every=4, after=2, probe_mb=64, budget=(30, 60, 60, 120)),
-}
-
-
-# What starts the workers: ftjob's launcher, as the operator renders a worker pod (torchrun's agent with workers
-# forked from an interpreter that imported torch already), or torchrun itself (the baseline).
-LAUNCHERS = {"ftjob": "ftjob_trainer.launch", "torchrun": "torch.distributed.run"}
 
 
 class OverBudget(Exception):
@@ -110,7 +103,9 @@ class Bench:
         restarts: int = 0,
         compile: bool = False,
         memory: Path | None = None,
+        rdzv: list[str] | None = None,
     ) -> Launch:
+        """One launcher; rdzv: its rendezvous flags (default --standalone)."""
         a = self.args
         out = Path(a.out) / phase
         out.mkdir(parents=True, exist_ok=True)
@@ -118,7 +113,7 @@ class Bench:
             sys.executable,
             "-m",
             LAUNCHERS[a.launcher],
-            "--standalone",
+            *(rdzv or ["--standalone"]),
             f"--nproc-per-node={a.nproc}",
             f"--max-restarts={restarts}",
             "-m",
@@ -140,6 +135,8 @@ class Bench:
         env = dict(os.environ)
         trainer_dir = str(Path(contract.__file__).resolve().parents[1])  # the trainer this bench imports
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [trainer_dir, env.get("PYTHONPATH")]))
+        if rdzv:
+            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # as the operator renders worker pods
         if a.device == "cpu":
             env["CUDA_VISIBLE_DEVICES"] = ""
             env.setdefault("OMP_NUM_THREADS", "1")
@@ -240,6 +237,50 @@ class Bench:
         )
         return result
 
+    def spare(self, phase: str, deadline: float) -> dict:
+        """The replacement path with a warm spare (spec.workers.spares: 1): a second launcher joins the rendezvous
+        (a TCPStore server in this process, the coordinator's role) once the first trains, and waits in c10d's
+        redundancy list with torch and the trainer imported; SIGTERM to the first: its stop save commits durably,
+        its agent leaves the round, and the spare's round forms and forks its worker. The spare is a new node: its
+        own memory folder, and the stop save's files leave the page cache as soon as they are committed."""
+        from torch.distributed import TCPStore
+
+        ckpt = Path(self.args.workdir) / phase / "ckpt"
+        store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        run_id = f"bench-{phase}"
+        rdzv = [
+            "--nnodes=1:1",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{store.port}",
+            f"--rdzv-id={run_id}",
+            "--rdzv-conf=is_host=0,last_call_timeout=1,join_timeout=600",
+        ]
+        old = self.torchrun(phase, "preempted", ckpt, memory=self.memory(phase, "preempted"), rdzv=rdzv)
+        self.wait(old, lambda evs: of(evs, contract.EVENT_FIRST_STEP, rank=0), deadline, "training")
+        new = self.torchrun(phase, "spare", ckpt, memory=self.memory(phase, "spare"), rdzv=rdzv)
+        self.wait(new, lambda _: new.proc.pid in waiting_agents(store, run_id), deadline, "the spare waiting")
+        self.signal_point(old, deadline)
+        sent = time.time()
+        old.proc.send_signal(signal.SIGTERM)
+        self.wait(old, lambda evs: durable_stop_commit(evs), deadline, "the stop save's durable commit")
+        cache = "warm"
+        if not self.args.warm_cache:
+            cache = recovery_limits.drop_page_cache(recovery_limits.checkpoint_files(ckpt))
+        dropped = time.time()
+        self.first_step_after(new, None, deadline)
+        new.stop()
+        result = self.breakdown(old.events + new.events, sent)
+        signal_at = result["signal_received_at"] or sent
+        built = next(r["since_signal_s"] for r in result["breakdown"] if r["moment"] == "model_built")
+        return result | {
+            "page_cache": cache,
+            "cache_dropped_s": round(dropped - signal_at, 3),
+            # the drop is only meaningful if it came before the spare read the checkpoint (after its model build)
+            "cache_dropped_before_load": cache == "warm"
+            or (built is not None and dropped - signal_at <= built),
+            "preempted_torchrun_exit_code": old.proc.wait(timeout=60),
+        }
+
     def survivor(self, phase: str, deadline: float) -> dict:
         ckpt = Path(self.args.workdir) / phase / "ckpt"
         run = self.torchrun(phase, "survivor", ckpt, restarts=3, memory=self.memory(phase, "survivor"))
@@ -309,6 +350,28 @@ class Bench:
         }
 
 
+def waiting_agents(store, run_id: str) -> set[int]:
+    """The pids of the agents c10d's rendezvous state holds as waiting (its wait and redundancy lists)."""
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    got = C10dRendezvousBackend(store, run_id).get_state()
+    if got is None:
+        return set()
+    state = pickle.loads(got[0])
+    return {n.pid for n in state.wait_list | getattr(state, "redundancy_list", set())}
+
+
+def durable_stop_commit(events: list[dict]) -> dict | None:
+    return next(
+        (
+            e
+            for e in of(events, contract.EVENT_CHECKPOINT_COMMITTED)
+            if e.get("kind") == contract.KIND_STOP and e.get("tier") == contract.TIER_DURABLE
+        ),
+        None,
+    )
+
+
 def _r(x: float | None, digits: int = 3) -> float | None:
     return None if x is None else round(x, digits)
 
@@ -326,93 +389,8 @@ def machine(device: str) -> dict:
     return info
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True, type=Path, help="directory for results.json, results.md and logs")
-    p.add_argument("--model", default="1b", choices=sorted(PROFILES), help="preset (default 1b)")
-    p.add_argument("--device", default=None, choices=("cuda", "cpu"), help="default: cuda when there is one")
-    p.add_argument("--nproc", type=int, default=1, help="ranks (GPUs) per torchrun (default 1)")
-    p.add_argument("--batch", type=int, default=None, help="samples per rank per step (1b: 8)")
-    p.add_argument("--seq-len", type=int, default=None, help="tokens per sample (1b: 2048)")
-    p.add_argument("--checkpoint-every", type=int, default=None, help="steps between periodic saves (1b: 40)")
-    p.add_argument(
-        "--signal-after", type=int, default=None, help="steps after the first periodic save (1b: 3)"
-    )
-    p.add_argument(
-        "--paths", default=None, help=f"comma-separated subset of {','.join(PATHS)} (cpu: no compile)"
-    )
-    p.add_argument(
-        "--budget-s",
-        action="append",
-        default=[],
-        metavar="[PHASE=]SECONDS",
-        help="time budget of a phase (or of every phase without PHASE=); repeatable",
-    )
-    p.add_argument("--probe-mb", type=int, default=None, help="MiB written to probe the medium (1b: 4096)")
-    p.add_argument(
-        "--read-threads", type=int, default=8, help="threads of the parallel read probes (default 8)"
-    )
-    p.add_argument(
-        "--memory-tier",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="node-local memory tier root (e.g. /dev/shm/ftjob-bench): one folder per simulated node",
-    )
-    p.add_argument(
-        "--trainer-flag",
-        action="append",
-        default=[],
-        metavar="FLAG=VALUE",
-        help="extra trainer flag; repeatable",
-    )
-    p.add_argument(
-        "--survivor-signal",
-        default="SIGUSR2",
-        choices=("SIGUSR2", "SIGTERM"),
-        help="survivor path: SIGUSR2, the trainer's peer-stop signal (default); SIGTERM: its own preemption",
-    )
-    p.add_argument(
-        "--launcher",
-        default="ftjob",
-        choices=sorted(LAUNCHERS),
-        help="ftjob: python -m ftjob_trainer.launch, as worker pods run (default); torchrun: torch's own",
-    )
-    p.add_argument("--warm-cache", action="store_true", help="replacements: keep the page cache (no drop)")
-    p.add_argument("--workdir", type=Path, default=None, help="checkpoints and probes (default: a temp dir)")
-    a = p.parse_args(argv)
-    prof = PROFILES[a.model]
-    a.device = a.device or ("cuda" if _has_cuda() else "cpu")
-    for key, name in (("batch", "batch"), ("seq_len", "seq_len"), ("checkpoint_every", "every")):
-        if getattr(a, key) is None:
-            setattr(a, key, prof[name])
-    a.signal_after = prof["after"] if a.signal_after is None else a.signal_after
-    a.probe_mb = prof["probe_mb"] if a.probe_mb is None else a.probe_mb
-    default_paths = PATHS if a.device == "cuda" else PATHS[:3]
-    a.paths = [x.strip() for x in a.paths.split(",")] if a.paths else list(default_paths)
-    if bad := [x for x in a.paths if x not in PATHS]:
-        p.error(f"--paths: unknown {bad}; pick from {PATHS}")
-    a.budgets = dict(zip(PATHS, prof["budget"], strict=True))
-    for spec in a.budget_s:
-        phase, _, seconds = spec.rpartition("=")
-        if phase and phase not in PATHS:
-            p.error(f"--budget-s {spec}: unknown phase {phase!r}; pick from {PATHS}")
-        for key in [phase] if phase else PATHS:
-            a.budgets[key] = float(seconds)
-    return a
-
-
-def _has_cuda() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
-
-
 def main(argv: list[str] | None = None) -> int:
-    a = parse_args(argv)
+    a = parse_args(argv, __doc__.split("\n\n")[0])
     a.out.mkdir(parents=True, exist_ok=True)
     own_workdir = a.workdir is None
     a.workdir = Path(a.workdir or tempfile.mkdtemp(prefix="ftjob-recovery-"))
@@ -449,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         "limits": bench.limits,
         "replacement": bench.replacement,
         "survivor": bench.survivor,
+        "spare": bench.spare,
         "compile": lambda phase, deadline: bench.replacement(phase, deadline, compile=True),
     }
     try:
