@@ -56,6 +56,7 @@ def test_http_api():
         "/v1/checkpoint",
     )
     assert contract.ROUTE_ERROR == "/v1/error"
+    assert (contract.ROUTE_WORLD, contract.ROUTE_FENCE) == ("/v1/world", "/v1/fence")
     assert contract.ENV_POD_NAME == "POD_NAME"
     assert (contract.ERRORS_KEPT, contract.ERROR_MESSAGE_MAX) == (16, 1024)
 
@@ -68,6 +69,9 @@ def test_termination_reasons():
         contract.REASON_DONE,
         contract.REASON_ERROR,
     ) == ("preempted", "peer-stopped", "save-skipped-deadline", "done", "error")
+    assert (
+        contract.REASON_FENCED == "fenced"
+    )  # exit 75, like the stops above, but never counted as a preemption
 
 
 @pytest.mark.slow

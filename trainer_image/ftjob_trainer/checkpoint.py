@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from typing import Any
 
@@ -39,6 +40,7 @@ from ftjob_trainer.checkpoint_state import (  # noqa: F401 - the guard, re-expor
 )
 from ftjob_trainer.checkpoint_store import open_store
 from ftjob_trainer.contract import KIND_FINAL, KIND_PERIODIC, KIND_STOP, TIER_DURABLE, TIER_MEMORY
+from ftjob_trainer.fence import Fence
 
 if STAGED_ASYNC:
     from ftjob_trainer.checkpoint_staging import new_stager
@@ -135,8 +137,10 @@ class Checkpointer:
         memory_root: str | None = None,
         local_rank: int = 0,
         local_world_size: int = 1,
+        fence: Fence | None = None,
     ):
         self.root, self.keep_last, self.engine = root, keep_last, engine
+        self.fence = fence or Fence(None, None, rank)  # rank 0 asks it before every commit (fence.py)
         self.write_threads, self.read_threads = write_threads, read_threads
         self.rank, self.world_size = rank, world_size
         self.memory_root = memory_root if root else None
@@ -148,7 +152,7 @@ class Checkpointer:
         self.save_phases: dict = {}
         self.store = open_store(root) if root else None  # a folder, or an object store URL (no memory tier)
         self.retention = Retention(self.store, keep_last) if root else None
-        self.copies = DurableCopies(root, rank, self.retention, write_threads) if root else None
+        self.copies = DurableCopies(root, rank, self.retention, write_threads, self.fence) if root else None
         self._commits: list[Commit] = []
         # DCP's collectives run on their own gloo group: an async save's background thread must not share a
         # communicator with the training loop's collectives.
@@ -239,11 +243,17 @@ class Checkpointer:
         self._settle_copy(supersede=kind in (KIND_STOP, KIND_FINAL))
         started = time.monotonic()
         tmp = self.store.save_path(step)
-        if self.rank == 0:
+        # a stale world must not touch the shared folder (the newer world may be saving this very step): ask first
+        refused = self.rank == 0 and not self.fence.allows_commit(step)
+        if self.rank == 0 and not refused:
             self.store.prepare(tmp)
         direct = durable_now or not self.memory_root
         # also the barrier after rank 0 made the folder
-        save_id, all_direct = agree_save(self.pg, self.rank, direct)
+        save_id, all_direct, refused = agree_save(self.pg, self.rank, direct, refused)
+        if refused:  # every rank learns it here: all stop at the next step's agreement
+            self.fence.refuse(None, "peer", "rank 0's fence check was refused: a newer world exists")
+            events.emit(contract.EVENT_CHECKPOINT_SKIPPED, step=step, kind=kind, reason="fenced")
+            return None
         write_dir, writer = open_files(
             self.store,
             self.memory_root,
@@ -274,7 +284,8 @@ class Checkpointer:
         self.inflight.marks["submitted"] = time.monotonic() - started
         if asynchronous:
             return None
-        return self._finish(synchronous=True)[1]
+        done = self._finish(synchronous=True)
+        return done[1] if done else None
 
     def wait_for_staging(self) -> None:
         """Called right before optimizer.step(): the staged copy must be complete before params change."""
@@ -327,7 +338,7 @@ class Checkpointer:
             f.discard(self.store, self.rank)
             return None
 
-    def _finish(self, *, synchronous: bool) -> tuple[int, str, int | None]:
+    def _finish(self, *, synchronous: bool) -> tuple[int, str, int | None] | None:
         f = self.inflight
         assert f is not None
         self.inflight = None
@@ -338,12 +349,19 @@ class Checkpointer:
         final = os.path.join(self.root, committed_name(f.step))
         path, tier = (final, TIER_DURABLE) if f.all_direct else (f.tmp, TIER_MEMORY)
         elapsed = time.monotonic() - f.started
-        if self.rank == 0:  # rank 0's rename (or ftjob.json) is the commit
+        # rank 0's rename (or ftjob.json) is the commit, if this world is still the newest (fence.py)
+        refused = self.rank == 0 and not self.fence.allows_commit(f.step)
+        if self.rank == 0 and not refused:
             f.record(self.store, path, tier, elapsed)
             if f.all_direct:
                 self.retention.apply()
-        if synchronous:
-            self._barrier()  # nobody reports (or exits on) a save before rank 0 recorded it
+        if synchronous:  # nobody reports (or exits on) a save before rank 0 recorded it, or was refused
+            refused = self.fence.agree(self.pg, refused)[0]
+        if refused:  # the newer world owns the shared folder: leave it (its next start cleans it up)
+            if not f.direct:
+                shutil.rmtree(f.write_dir, ignore_errors=True)  # only this rank's memory folder
+            events.emit(contract.EVENT_CHECKPOINT_SKIPPED, step=f.step, kind=f.kind, reason="fenced")
+            return None
         f.marks["done"] = time.monotonic() - f.started
         # For a sync save, where its time went (cumulative seconds): state dict + submit, copy to host memory,
         # files written, commit (rank 0), retention. For an async one, when each wait ended.

@@ -20,6 +20,7 @@ from ftjob_trainer.checkpoint_layout import (
     needed_files,
 )
 from ftjob_trainer.contract import TIER_DURABLE, now_rfc3339
+from ftjob_trainer.fence import Fence, Fenced
 
 log = logging.getLogger("ftjob_trainer.checkpoint")
 
@@ -40,8 +41,9 @@ class Commit:
 class DurableCopies:
     """Starts, waits for and cancels the durable copy of a memory-committed save (one at a time)."""
 
-    def __init__(self, root: str, rank: int, retention: Retention, threads: int):
+    def __init__(self, root: str, rank: int, retention: Retention, threads: int, fence: Fence):
         self.root, self.rank, self.retention, self.threads = root, rank, retention, threads
+        self.fence = fence  # asked before the commit: a stale world's copy is never committed
         self.step: int | None = None
         self.copy: memory_tier.DurableCopy | None = None
 
@@ -59,6 +61,8 @@ class DurableCopies:
 
         def commit_durable() -> Commit:  # rank 0, in the copy's thread, once every needed file is durable
             final = os.path.join(self.root, committed_name(step))
+            if not self.fence.allows_commit(step):
+                raise Fenced(f"durable copy of step {step} not committed: {self.fence.fenced}")
             with open(os.path.join(tmp, META_FILE)) as fh:
                 doc = json.load(fh)
             seconds = time.monotonic() - started if started is not None else doc.get("save_seconds")
@@ -100,6 +104,8 @@ class DurableCopies:
             copy.cancel()
         try:
             done = copy.result()
+        except Fenced as e:  # the folder stays memory-committed: the newer world decides about it
+            log.warning("%s", e)
         except memory_tier.CopyCancelled:
             log.info("the durable copy of step %s stopped (superseded, or this process exits)", self.step)
         except Exception as e:  # noqa: BLE001 - the memory commit stays; the next save tries again

@@ -27,15 +27,18 @@ log = logging.getLogger(
 )  # the checkpointer's name: the one people grep the log for
 
 
-def agree_save(pg: Any, rank: int, direct: bool) -> tuple[str, bool]:
-    """Collective: rank 0's id of this save (it ties memory copies to it), and whether every rank writes straight
-    to the durable folder."""
-    mine = torch.tensor([1 if direct else 0, random.getrandbits(62) if rank == 0 else 0], dtype=torch.int64)
+def agree_save(pg: Any, rank: int, direct: bool, refused: bool = False) -> tuple[str, bool, bool]:
+    """Collective: rank 0's id of this save (it ties memory copies to it), whether every rank writes straight
+    to the durable folder, and whether rank 0's fence refused the save (fence.py: nothing is written then)."""
+    mine = torch.tensor(
+        [1 if direct else 0, random.getrandbits(62) if rank == 0 else 0, 1 if refused else 0],
+        dtype=torch.int64,
+    )
     parts = [mine]
     if pg is not None:
         parts = [torch.zeros_like(mine) for _ in range(dist.get_world_size(pg))]
         dist.all_gather(parts, mine, group=pg)
-    return f"{int(parts[0][1]):016x}", all(int(p[0]) for p in parts)
+    return f"{int(parts[0][1]):016x}", all(int(p[0]) for p in parts), any(int(p[2]) for p in parts)
 
 
 def open_files(

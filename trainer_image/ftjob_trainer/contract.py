@@ -52,6 +52,17 @@ ROUTE_CHECKPOINT = "/v1/checkpoint"  # POST {"reason": str} -> {"id": int}: ask 
 # fails: this report is how the operator counts the failure.
 ROUTE_ERROR = "/v1/error"
 ENV_POD_NAME = "POD_NAME"  # the worker pod's name (fieldRef), named in error reports
+# Fencing (issue 10): two worlds must never train and commit side by side (a starved agent dropped from the
+# rendezvous keeps training while a new round forms). Rank 0 of every new world (its process group formed, nothing
+# loaded yet) takes a world epoch; epochs only grow, also across coordinator restarts (milliseconds since the epoch,
+# bumped past the last one; a restarted coordinator adopts the largest epoch presented to it):
+#   POST /v1/world {"worldSize": int, "pod": str | None, "run": str | None} -> {"epoch": int}
+# Before every checkpoint commit rank 0 asks whether its world is still the newest:
+#   POST /v1/fence {"epoch": int, "step": int | None} -> 200 {"epoch": newest} | 409 {"error": str, "epoch": newest}
+# A progress post carrying "worldEpoch" older than the newest is refused with 409 and not applied. A refused world
+# commits nothing more and exits EXIT_RESTART (reason REASON_FENCED): its agent re-rendezvous, no failure counted.
+ROUTE_WORLD = "/v1/world"
+ROUTE_FENCE = "/v1/fence"
 # Progress document keys (GET /v1/progress):
 #   step: int | None, loss: float | None, worldSize: int | None, updatedAt: RFC 3339 str | None,
 #   stepTime: RFC 3339 | None (when `step` finished), totalSteps: int | None (the step the run ends at),
@@ -64,6 +75,7 @@ ENV_POD_NAME = "POD_NAME"  # the worker pod's name (fieldRef), named in error re
 #   checkpointRequest: {"id": int, "reason": str} | None   (the newest request; rank 0 compares ids)
 #   handledRequestId: int   (the newest request id a committed checkpoint answered)
 #   lastError: {"id", "pod", "rank", "exitCode", "message", "step", "time"} | None   (the newest error report)
+#   worldEpoch: int | None   (the newest world epoch handed out or seen: only that world may commit)
 #   errors: [the same, oldest first]   (the newest ERRORS_KEPT reports: the first one names the root cause, later
 #           ones are often peers whose collectives failed with it)
 #   Error ids increase, also across coordinator restarts (milliseconds since the epoch, bumped past the last id),
@@ -78,6 +90,9 @@ REASON_PEER = "peer-stopped"  # another rank was signalled; this one stopped (an
 REASON_DEADLINE = "save-skipped-deadline"  # a save could not fit the deadline; the last committed one is kept
 REASON_DONE = "done"
 REASON_ERROR = "error"
+REASON_FENCED = (
+    "fenced"  # a newer world exists (see ROUTE_FENCE): this one stopped without committing, exit 75
+)
 
 
 # --- Time on the wire ------------------------------------------------------------------------------------------
@@ -144,12 +159,16 @@ EVENT_CHECKPOINT_COMMITTED = "checkpoint_committed"
 # TIER_DURABLE (step-N committed on the volume); a save written straight to the volume has only the durable one
 EVENT_CHECKPOINT_SKIPPED = "checkpoint_skipped"
 # step, kind, reason: "deadline" (a stop save could not fit: estimate_s, deficit_s, kept), "already-committed"
-# (the stop step is committed already: kept), "failed" (an async save's write failed: error; not committed)
+# (the stop step is committed already: kept), "failed" (an async save's write failed: error; not committed),
+# "fenced" (a newer world exists: not written, or written and not committed; see ROUTE_FENCE)
 EVENT_STOP_SIGNAL = "stop_signal"
 # signal, signal_time (unix, recorded by the handler), step (the last finished), since_signal_s: the loop saw it
 EVENT_STOP_AGREED = (
     "stop_agreed"  # step, reason (REASON_PREEMPTED / REASON_PEER), since_signal_s (null: a peer's)
 )
+EVENT_FENCED = "fenced"
+# every rank, when its world stops because a newer one exists: step (the last finished), epoch (this world's),
+# newest (the coordinator's newest epoch, or null when only a peer knew), where ("commit", "progress", "error")
 EVENT_EXIT = (
     "exit"  # code, reason (a REASON_* above), message, step, since_start_s: the process's last moment
 )
@@ -174,6 +193,7 @@ EVENTS = (
     EVENT_CHECKPOINT_SKIPPED,
     EVENT_STOP_SIGNAL,
     EVENT_STOP_AGREED,
+    EVENT_FENCED,
     EVENT_EXIT,
 )
 _EVENT_MARK = '{"event": '

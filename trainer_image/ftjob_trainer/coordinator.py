@@ -1,5 +1,6 @@
 """The job coordinator: the rendezvous store (a torch TCPStore server that outlives any worker) and a small HTTP
-control API (contract.py: /healthz, /v1/progress, /v1/checkpoint, /v1/error) with a bearer token from FTJOB_TOKEN.
+control API (contract.py: /healthz, /v1/progress, /v1/checkpoint, /v1/error, /v1/world, /v1/fence) with a bearer
+token from FTJOB_TOKEN.
 
     FTJOB_TOKEN=... python -m ftjob_trainer.coordinator --host=$(POD_IP) --store-port=29400 --control-port=29401
 
@@ -41,6 +42,7 @@ PROGRESS_FIELDS = {
     "run": dict,
     "lastCheckpoint": dict,
     "handledRequestId": int,
+    "worldEpoch": int,  # the poster's world (ROUTE_WORLD): an older one than the newest is refused (409)
 }
 # POST /v1/error: field -> (type, required)
 ERROR_FIELDS = {
@@ -50,6 +52,29 @@ ERROR_FIELDS = {
     "message": (str, True),
     "step": (int, False),
 }
+# POST /v1/world and /v1/fence: field -> (type, required)
+WORLD_FIELDS = {"worldSize": (int, True), "pod": (str, False), "run": (str, False)}
+FENCE_FIELDS = {"epoch": (int, True), "step": (int, False)}
+
+
+def check_fields(body: dict, fields: dict, what: str) -> None:
+    for key, (want, required) in fields.items():
+        value = body.get(key)
+        if value is None and not required:
+            continue
+        if not isinstance(value, want) or isinstance(value, bool):
+            raise ValueError(f"{what} field {key!r} must be {want.__name__} (got {type(value).__name__})")
+    unknown = set(body) - set(fields)
+    if unknown:
+        raise ValueError(f"unknown {what} fields {sorted(unknown)}; known: {sorted(fields)}")
+
+
+class StaleWorld(Exception):
+    """A world older than the newest one the coordinator handed out (or saw) may not commit or report."""
+
+    def __init__(self, epoch: int, newest: int):
+        super().__init__(f"world epoch {epoch} is fenced: a newer world (epoch {newest}) exists")
+        self.epoch, self.newest = epoch, newest
 
 
 class State:
@@ -76,9 +101,11 @@ class State:
             "handledRequestId": 0,
             "lastError": None,
             "errors": [],
+            "worldEpoch": None,
         }
         self.next_id = 1
         self.last_error_id = 0
+        self.world_epoch = 0  # the newest world epoch handed out or presented (0: none yet)
 
     def update(self, body: dict) -> dict:
         for key, value in body.items():
@@ -93,6 +120,8 @@ class State:
             if key == "lastCheckpoint" and value is not None and not {"step", "path"} <= set(value):
                 raise ValueError("lastCheckpoint needs at least step and path")
         with self.lock:
+            if body.get("worldEpoch") is not None:
+                self._check_epoch(body["worldEpoch"])  # a stale world's progress is not applied
             if "handledRequestId" in body and body["handledRequestId"] is not None:
                 body = dict(
                     body, handledRequestId=max(body["handledRequestId"], self.progress["handledRequestId"])
@@ -108,16 +137,32 @@ class State:
             self.progress["checkpointRequest"] = {"id": rid, "reason": reason}
             return rid
 
+    def new_world(self, body: dict) -> int:
+        """A world formed: its epoch, above every epoch handed out or seen. Milliseconds since the epoch, bumped past
+        the last one (like error ids), so a recreated coordinator's epochs stay above its predecessor's."""
+        check_fields(body, WORLD_FIELDS, "world")
+        with self.lock:
+            self.world_epoch = max(self.world_epoch + 1, time.time_ns() // 1_000_000)
+            self.progress["worldEpoch"] = self.world_epoch
+            return self.world_epoch
+
+    def fence(self, body: dict) -> int:
+        """May the world `epoch` commit? Returns the newest epoch; raises StaleWorld when a newer world exists."""
+        check_fields(body, FENCE_FIELDS, "fence")
+        with self.lock:
+            return self._check_epoch(body["epoch"])
+
+    def _check_epoch(self, epoch: int) -> int:
+        """Under the lock. A larger epoch than any known is adopted: a restarted coordinator learns the newest world
+        from the first trainer that presents its epoch (a stale one, presenting later, has a smaller one)."""
+        if epoch < self.world_epoch:
+            raise StaleWorld(epoch, self.world_epoch)
+        self.world_epoch = epoch
+        self.progress["worldEpoch"] = epoch
+        return epoch
+
     def report_error(self, body: dict) -> int:
-        for key, (want, required) in ERROR_FIELDS.items():
-            value = body.get(key)
-            if value is None and not required:
-                continue
-            if not isinstance(value, want) or isinstance(value, bool):
-                raise ValueError(f"error field {key!r} must be {want.__name__} (got {type(value).__name__})")
-        unknown = set(body) - set(ERROR_FIELDS)
-        if unknown:
-            raise ValueError(f"unknown error fields {sorted(unknown)}; known: {sorted(ERROR_FIELDS)}")
+        check_fields(body, ERROR_FIELDS, "error")
         with self.lock:
             # Milliseconds since the epoch: a recreated coordinator's ids stay above the ones the operator handled.
             self.last_error_id = max(self.last_error_id + 1, time.time_ns() // 1_000_000)
@@ -130,6 +175,15 @@ class State:
     def snapshot(self) -> dict:
         with self.lock:
             return dict(self.progress)
+
+
+POST_ROUTES = (
+    contract.ROUTE_PROGRESS,
+    contract.ROUTE_CHECKPOINT,
+    contract.ROUTE_ERROR,
+    contract.ROUTE_WORLD,
+    contract.ROUTE_FENCE,
+)
 
 
 def make_handler(state: State, token: str):
@@ -181,16 +235,25 @@ def make_handler(state: State, token: str):
         def do_POST(self) -> None:  # noqa: N802
             if not self._authorized():
                 return
-            if self.path not in (contract.ROUTE_PROGRESS, contract.ROUTE_CHECKPOINT, contract.ROUTE_ERROR):
+            if self.path not in POST_ROUTES:
                 return self._send(404, {"error": f"no route POST {self.path}"})
             body = self._body()
             if body is None:
                 return
-            if self.path == contract.ROUTE_PROGRESS:
-                try:
+            try:
+                if self.path == contract.ROUTE_PROGRESS:
                     return self._send(200, state.update(body))
-                except ValueError as e:
-                    return self._send(400, {"error": str(e)})
+                if self.path == contract.ROUTE_WORLD:
+                    epoch = state.new_world(body)
+                    log.info("world epoch %d: %s ranks (pod %s)", epoch, body["worldSize"], body.get("pod"))
+                    return self._send(200, {"epoch": epoch})
+                if self.path == contract.ROUTE_FENCE:
+                    return self._send(200, {"epoch": state.fence(body)})
+            except ValueError as e:
+                return self._send(400, {"error": str(e)})
+            except StaleWorld as e:
+                log.warning("refused %s from world %d (step %s): %s", self.path, e.epoch, body.get("step"), e)
+                return self._send(409, {"error": str(e), "epoch": e.newest})
             if self.path == contract.ROUTE_ERROR:
                 try:
                     eid = state.report_error(body)

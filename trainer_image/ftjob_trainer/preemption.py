@@ -54,14 +54,17 @@ class Agreement:
     stop: bool  # some rank was signalled (the coordinator only requests checkpoints; it cannot ask to stop)
     request_id: int  # newest coordinator checkpoint request rank 0 has seen (0: none)
     deficit: float  # max over ranks of (estimated save time - time left before the deadline); > 0: cannot fit
+    fenced: bool = False  # some rank learned that a newer world exists (fence.py): stop, save nothing
 
 
-def agree(stop: bool, request_id: int, deficit: float) -> Agreement:
+def agree(stop: bool, request_id: int, deficit: float, fenced: bool = False) -> Agreement:
     """One tiny all-reduce (MAX) per step; a CPU tensor, so on GPU it runs on gloo without a device sync."""
-    t = torch.tensor([1.0 if stop else 0.0, float(request_id), deficit], dtype=torch.float64)
+    t = torch.tensor(
+        [1.0 if stop else 0.0, float(request_id), deficit, 1.0 if fenced else 0.0], dtype=torch.float64
+    )
     if dist.is_initialized():
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return Agreement(bool(t[0] > 0), int(t[1]), float(t[2]))
+    return Agreement(bool(t[0] > 0), int(t[1]), float(t[2]), bool(t[3] > 0))
 
 
 FINAL_FLUSH_SECONDS = 1.0  # close(): the most it spends on the last progress post
@@ -71,8 +74,11 @@ class CoordinatorClient:
     """Rank 0 only. A daemon thread polls GET /v1/progress (for checkpoint requests) and posts the newest
     progress; the training loop never waits on the network."""
 
-    def __init__(self, url: str, token: str | None, interval: float):
+    def __init__(self, url: str, token: str | None, interval: float, fence: Any = None):
         self.url, self.token, self.interval = url.rstrip("/"), token, interval
+        self.fence = (
+            fence  # a fence.Fence: posts carry its epoch; a 409 (a newer world exists) fences this one
+        )
         self.latest_request = 0
         self.latest_reason: str | None = None  # the reason the coordinator gave for latest_request
         self._pending: dict | None = None
@@ -103,7 +109,7 @@ class CoordinatorClient:
             with self._lock:
                 body, self._pending = self._pending, None
             if body is not None:
-                self._call("POST", contract.ROUTE_PROGRESS, body)
+                self._post_progress(body)
             doc = self._call("GET", contract.ROUTE_PROGRESS)
             req = doc.get("checkpointRequest") or {}
             rid = int(req.get("id") or 0)
@@ -121,6 +127,21 @@ class CoordinatorClient:
                 with self._lock:
                     self._pending = body if self._pending is None else {**body, **self._pending}
 
+    def _post_progress(self, body: dict, timeout: float = 5.0) -> None:
+        if self.fence is not None and self.fence.epoch is not None:
+            body = dict(body, worldEpoch=self.fence.epoch)
+        try:
+            self._call("POST", contract.ROUTE_PROGRESS, body, timeout)
+        except urllib.error.HTTPError as e:
+            if e.code != 409 or self.fence is None:
+                raise
+            try:
+                doc = json.loads(e.read() or b"{}")
+            except ValueError:
+                doc = {}
+            log.error("progress refused by the coordinator: %s", doc.get("error"))
+            self.fence.refuse(doc.get("epoch"), "progress", doc.get("error") or "a newer world exists")
+
     def post_progress(self, **fields: Any) -> None:
         with self._lock:
             self._pending = {**(self._pending or {}), **fields}
@@ -136,7 +157,7 @@ class CoordinatorClient:
         if body is None:
             return
         try:
-            self._call("POST", contract.ROUTE_PROGRESS, body, timeout=FINAL_FLUSH_SECONDS / 2)
+            self._post_progress(body, timeout=FINAL_FLUSH_SECONDS / 2)
         except (OSError, ValueError) as e:
             log.warning(
                 "last progress not posted to the coordinator %s (%s: %s)", self.url, type(e).__name__, e

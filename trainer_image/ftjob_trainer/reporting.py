@@ -18,13 +18,13 @@ from ftjob_trainer.progress import RunProgress
 class Reporter:
     """`doc` is the report; `client` the coordinator's (rank 0, when the job has a coordinator)."""
 
-    def __init__(self, cfg: TrainConfig, rank: int, world_size: int):
+    def __init__(self, cfg: TrainConfig, rank: int, world_size: int, fence: Any = None):
         self.path, self.rank, self.world_size = cfg.run.report, rank, world_size
         self.client: CoordinatorClient | None = None
         url = cfg.preemption.coordinator_url
         if url and rank == 0:
             self.client = CoordinatorClient(
-                url, os.environ.get(contract.ENV_TOKEN), cfg.preemption.poll_interval
+                url, os.environ.get(contract.ENV_TOKEN), cfg.preemption.poll_interval, fence
             )
         self.doc: dict[str, Any] = {
             "step": 0,

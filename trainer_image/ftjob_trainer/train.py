@@ -25,6 +25,7 @@ from ftjob_trainer.config import ConfigError, TrainConfig, parse_args, to_dict
 from ftjob_trainer.contract import KIND_FINAL, KIND_PERIODIC, KIND_REQUEST
 from ftjob_trainer.data import GlobalBatches, make_source
 from ftjob_trainer.engine import state_sha256
+from ftjob_trainer.fence import Fence
 from ftjob_trainer.preemption import StopSignals, agree, report_error, write_termination_message
 from ftjob_trainer.progress import STEP_TIME_KEY, RunProgress
 from ftjob_trainer.reporting import Reporter
@@ -39,6 +40,9 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, signals: StopSignals):
         self.cfg = cfg
         self.rank, self.world_size, self.local_rank, self.device = init_distributed()
+        # before anything is loaded: a newer world loads what an older one committed before it was fenced
+        self.fence = Fence(cfg.preemption.coordinator_url, os.environ.get(contract.ENV_TOKEN), self.rank)
+        self.fence.form(self.world_size)
         cfg.data.check_world_size(self.world_size)
         ck = cfg.checkpoint
         if cfg.model.compile and ck.compile_cache:  # before anything compiles
@@ -58,8 +62,9 @@ class Trainer:
             memory_root=ck.memory_checkpoint_dir,
             local_rank=self.local_rank,
             local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+            fence=self.fence,
         )
-        self.report = Reporter(cfg, self.rank, self.world_size)
+        self.report = Reporter(cfg, self.rank, self.world_size, self.fence)
         self.stopping = Stopping(cfg, signals, self.ckpt, self.report)
         self.handled_request = 0
         self.step: int | None = None  # the last step finished (error reports name it)
@@ -150,7 +155,11 @@ class Trainer:
         t0, steps_timed = time.perf_counter(), 0
         client = self.report.client  # rank 0's, with a coordinator
         if step < cfg.run.steps:  # a signal during startup or loading: stop before training a step
-            agreed = agree(self.stopping.signalled(self.step), 0, self.stopping.deficit())
+            agreed = agree(
+                self.stopping.signalled(self.step), 0, self.stopping.deficit(), bool(self.fence.fenced)
+            )
+            if agreed.fenced:
+                return self.fenced(step)
             if agreed.stop:
                 return self.stop(step, agreed.deficit)
         while step < cfg.run.steps:
@@ -188,7 +197,10 @@ class Trainer:
                 self.stopping.signalled(self.step),
                 client.latest_request if client else 0,
                 self.stopping.deficit(),
+                bool(self.fence.fenced),
             )
+            if agreed.fenced:  # a newer world exists: save nothing, report nothing, restart into it
+                return self.fenced(step)
             if agreed.stop:
                 return self.stop(step, agreed.deficit)
             if not cfg.checkpoint.checkpoint_dir:
@@ -227,13 +239,27 @@ class Trainer:
             self.ckpt.drain()
             self.ckpt.save(step, self.meta(step, "final"), kind=KIND_FINAL, durable_now=True)
             self.report.take_commits(self.ckpt)
+            if self.fence.active and self.fence.agree(self.ckpt.pg)[1]:  # never exit 0 from a fenced world
+                return self.fenced(step)
         return self.terminate(step, contract.REASON_DONE, contract.EXIT_DONE, f"finished all {step} steps")
 
     def stop(self, step: int, deficit: float) -> int:
         # the step it stops at: the operator counts steps trained twice against it
         self.report.post_progress(self.progress)
         reason, code, message = self.stopping.stop(step, deficit, self.meta)
+        if self.fence.fenced:  # its stop save was refused: the newer world's checkpoints count
+            return self.fenced(step)
         return self.terminate(step, reason, code, message)
+
+    def fenced(self, step: int) -> int:
+        """A newer world exists (fence.py): exit 75 with nothing more committed or reported; the agent
+        re-rendezvous into the newer world. No error report: this is not a failure."""
+        if not self.fence.fenced:
+            self.fence.refuse(None, "peer", "a peer rank learned that a newer world exists")
+        message = self.fence.emit(step)
+        log.error("%s", message)
+        self.report.doc["fenced"] = {"epoch": self.fence.epoch, "newest": self.fence.newest}
+        return self.terminate(step, contract.REASON_FENCED, contract.EXIT_RESTART, message)
 
     def close(self, finished: bool = False) -> None:
         try:
@@ -291,10 +317,13 @@ def main(argv: list[str] | None = None) -> int:
         write_termination_message(cfg.preemption.termination_log, _error_doc(code, error))
         _report_error(cfg, trainer, code, error)
     except Exception as e:  # noqa: BLE001 - the exit code and termination message must say "error"
-        log.exception("training failed")
-        error = f"{type(e).__name__}: {e}"
-        write_termination_message(cfg.preemption.termination_log, _error_doc(code, error))
-        _report_error(cfg, trainer, code, error)
+        if trainer is not None and trainer.fence.stale_now():
+            code = _fenced_after_error(cfg, trainer, e)
+        else:
+            log.exception("training failed")
+            error = f"{type(e).__name__}: {e}"
+            write_termination_message(cfg.preemption.termination_log, _error_doc(code, error))
+            _report_error(cfg, trainer, code, error)
     finally:
         if trainer is not None:
             trainer.close(finished=code == contract.EXIT_DONE)
@@ -308,6 +337,22 @@ def main(argv: list[str] | None = None) -> int:
             ending.get("message", error),
             ending.get("step", trainer.step if trainer else None),
         )
+    return code
+
+
+def _fenced_after_error(cfg: TrainConfig, trainer: Trainer, e: Exception) -> int:
+    """A stale world's error (say, its save folder removed by the newer world's start) is the fence's doing: exit
+    75 as fenced, with no error report (not a failure)."""
+    log.warning("stopping on %s: %s, in a fenced world", type(e).__name__, e)
+    code, message = contract.EXIT_RESTART, trainer.fence.emit(trainer.step)
+    doc = dict(_error_doc(code, message), reason=contract.REASON_FENCED, step=trainer.step)
+    write_termination_message(cfg.preemption.termination_log, doc)
+    trainer.ending = {
+        "code": code,
+        "reason": contract.REASON_FENCED,
+        "message": message,
+        "step": trainer.step,
+    }
     return code
 
 
