@@ -55,17 +55,23 @@ def args(tmp: Path, name: str, poll: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory):
-    """STEPS steps on one rank, uninterrupted, no checkpoints: the reference state."""
-    tmp = tmp_path_factory.mktemp("baseline")
-    procs = Procs(tmp)
-    try:
-        p = procs.torchrun(
-            [*TINY, "--steps", str(STEPS), "--report", str(tmp / "base.json")], name="base", nproc=1
-        )
-        assert finish(p) == 0, log_of(p)[-3000:]
-        return read_json(tmp / "base.json")
-    finally:
-        procs.cleanup()
+    """STEPS steps uninterrupted, no checkpoints, on `nproc` ranks: the reference state (run once per size)."""
+    done: dict[int, dict] = {}
+
+    def of_size(nproc: int) -> dict:
+        if nproc not in done:
+            tmp = tmp_path_factory.mktemp(f"baseline{nproc}")
+            procs = Procs(tmp)
+            try:
+                argv = [*TINY, "--steps", str(STEPS), "--report", str(tmp / "base.json")]
+                p = procs.torchrun(argv, name="base", nproc=nproc)
+                assert finish(p) == 0, log_of(p)[-3000:]
+                done[nproc] = read_json(tmp / "base.json")
+            finally:
+                procs.cleanup()
+        return done[nproc]
+
+    return of_size
 
 
 def paused(pid: int) -> bool:
@@ -94,13 +100,13 @@ def of(evs: list[dict], name: str) -> list[dict]:
 
 
 @pytest.mark.parametrize(
-    ("poll", "found_by"),
+    ("nproc", "poll", "found_by"),
     # polling every 60 s, no progress is posted before the exit: only the commit check can find the newer world
-    [("60", ("commit",)), ("0.1", ("commit", "progress"))],
-    ids=["commit-check", "progress-or-commit"],
+    [(1, "60", ("commit",)), (1, "0.1", ("commit", "progress")), (2, "60", ("commit",))],
+    ids=["commit-check", "progress-or-commit", "two-ranks"],
 )
 def test_a_stale_world_is_fenced_and_the_newer_world_resumes_exactly(
-    procs, tmp_path, baseline, poll, found_by
+    procs, tmp_path, baseline, nproc, poll, found_by
 ):
     _, ports = start_coordinator(procs, TOKEN)
     base = f"http://127.0.0.1:{ports['controlPort']}"
@@ -112,22 +118,23 @@ def test_a_stale_world_is_fenced_and_the_newer_world_resumes_exactly(
             contract.ENV_TERMINATION_LOG: str(tmp_path / f"term-{name}"),
         }
 
-    a = procs.torchrun(args(tmp_path, "a", poll), name="a", nproc=1, env=env("a"))
+    a = procs.torchrun(args(tmp_path, "a", poll), name="a", nproc=nproc, env=env("a"))
     wait_for(
         lambda: report_step(tmp_path / "a.json") >= 3 and list_steps(tmp_path / "ckpt"),
         timeout=240,
         proc=a,
         what="world A past step 3 with a commit",
     )
-    (started,) = of(events_of(a), contract.EVENT_PROCESS_STARTED)
+    # rank 0 decides every commit; other ranks wait for it in the next collective
+    (started,) = [e for e in of(events_of(a), contract.EVENT_PROCESS_STARTED) if e["local_rank"] == 0]
     at_pause = pause_between_saves(a, started["pid"])
     a_commits = of(at_pause, contract.EVENT_CHECKPOINT_COMMITTED)
     newest_of_a = max(list_steps(tmp_path / "ckpt"))
     assert newest_of_a == a_commits[-1]["step"]
 
-    b = procs.torchrun(args(tmp_path, "b", poll), name="b", nproc=1, env=env("b"))
+    b = procs.torchrun(args(tmp_path, "b", poll), name="b", nproc=nproc, env=env("b"))
     wait_for(
-        lambda: of(events_of(b), contract.EVENT_CHECKPOINT_LOADED),
+        lambda: len(of(events_of(b), contract.EVENT_CHECKPOINT_LOADED)) == nproc,
         timeout=240,
         proc=b,
         what="world B loaded",
@@ -137,18 +144,20 @@ def test_a_stale_world_is_fenced_and_the_newer_world_resumes_exactly(
     assert finish(b, timeout=240) == 0, log_of(b)[-4000:]
 
     # B loaded A's newest commit and ended in the uninterrupted run's state
-    (loaded,) = of(events_of(b), contract.EVENT_CHECKPOINT_LOADED)
-    assert loaded["step"] == newest_of_a
+    assert {e["step"] for e in of(events_of(b), contract.EVENT_CHECKPOINT_LOADED)} == {newest_of_a}
     final = read_json(tmp_path / "b.json")
     assert final["resumed_from_step"] == newest_of_a and final["step"] == STEPS
-    assert final["state_sha256"] == baseline["state_sha256"]
+    assert final["state_sha256"] == baseline(nproc)["state_sha256"]
 
-    # A: fenced, exit 75, no commit after B's world formed, no error report
+    # A: every rank fenced, exit 75, no commit after B's world formed, no error report
     evs = events_of(a)
-    (fenced,) = of(evs, contract.EVENT_FENCED)
-    (exit_event,) = of(evs, contract.EVENT_EXIT)
-    assert (exit_event["code"], exit_event["reason"]) == (contract.EXIT_RESTART, contract.REASON_FENCED)
+    fenced_by_rank = {e["rank"]: e for e in of(evs, contract.EVENT_FENCED)}
+    exits = of(evs, contract.EVENT_EXIT)
+    assert sorted(fenced_by_rank) == sorted(e["rank"] for e in exits) == list(range(nproc))
+    assert {(e["code"], e["reason"]) for e in exits} == {(contract.EXIT_RESTART, contract.REASON_FENCED)}
+    fenced = fenced_by_rank[0]
     assert fenced["where"] in found_by and fenced["newest"] > fenced["epoch"]
+    assert all(fenced_by_rank[r]["where"] == "peer" for r in range(1, nproc))
     assert of(evs, contract.EVENT_CHECKPOINT_COMMITTED) == a_commits, "A committed after it was fenced"
     assert all(c["time"] * 1000 < fenced["newest"] for c in a_commits)
     assert json.loads((tmp_path / "term-a").read_text())["reason"] == contract.REASON_FENCED
