@@ -2,7 +2,7 @@
 contract.py, which the operator and the local cluster import too, stays stdlib only.
 
 Bottom to top (docs/INTERFACES.md): contract, the model registry and the leaves that import nothing of the package
--> events, preemption, progress, shard_io -> config -> data, the models, engine, checkpoint_store -> the
+-> events, preemption, progress, shard_io -> config, fence -> data, the models, engine, checkpoint_store -> the
 checkpointer's parts (checkpoint_copy, checkpoint_save, checkpoint_load) -> checkpoint, startup -> the loop's parts
 (reporting, stopping) -> the entry points (train, launch, coordinator). Every import statement counts, also one
 inside a function.
@@ -36,6 +36,7 @@ LAYERS = {
     "progress": 1,
     "shard_io": 1,
     "config": 2,
+    "fence": 2,  # the world epoch and the commit check (contract, events, progress below it)
     "data": 3,
     "models.llama": 3,
     "models.hf": 3,
