@@ -26,11 +26,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
+from ftjob_trainer import contract
 
 from .cluster import ClusterError, LocalCluster
 from .demo_render import plot, print_goodput, print_timeline, progress_table
 from .session import CRD_DIR, REPO, Session, SessionError, event_time
-from .timeline import Analysis, Resume, analyze, breakdown_rows, read_job_events, training_pods
+from .timeline import Analysis, Resume, analyze, breakdown_rows, of, read_job_events, training_pods
 
 DEFAULT_MANIFEST = REPO / "examples" / "local-tiny.yaml"
 REPORT_NAME = "demo-report.json"
@@ -338,20 +339,31 @@ def watch(
                 )
                 if status.get("phase") in ("Succeeded", "Failed"):
                     return status
+                # The step to preempt at comes from the trainer's own step events: status.step follows the
+                # operator's read of the coordinator, up to 10 s late, and a quiet machine trains 40-90 steps in
+                # that time (the job then finished during the notice: no resume to show).
+                trainer_events = (
+                    read_job_events(session.cluster.dir, session.ns, obs.job_name)
+                    if obs.notice_at is None
+                    else []
+                )
+                trained = max(
+                    [sample.step or 0] + [e["step"] for e in of(trainer_events, contract.EVENT_STEP)]
+                )
                 if (
                     obs.notice_at is None
-                    and (sample.step or 0) >= preempt_at
+                    and trained >= preempt_at
                     and sample.ready >= max(1, sample.desired)
                     and workers.get("spares", 0) >= spares
                 ):
                     # a node with a training worker, never a spare's (its loss would cost training nothing)
-                    training = training_pods(read_job_events(session.cluster.dir, session.ns, obs.job_name))
+                    training = training_pods(trainer_events)
                     node = session.node_of_worker(obs.job_name, among=training)
                     if node:
                         request_preemption(session.kube, node, notice=notice, replace_after=replace_after)
                         obs.notice_at, obs.preempted_node = time.time(), node
                         live.console.print(
-                            f"[bold red]preempting {node}[/] at step {sample.step}: {notice:g}s notice, "
+                            f"[bold red]preempting {node}[/] at step {trained}: {notice:g}s notice, "
                             f"a fresh spot node registers after {replace_after:g}s"
                         )
                 time.sleep(0.25)
