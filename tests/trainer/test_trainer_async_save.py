@@ -9,33 +9,15 @@ import shutil
 
 import pytest
 import torch
+from engine_testlib import tiny_engine, train_step
 from ftjob_trainer.checkpoint import Checkpointer
 from ftjob_trainer.checkpoint_layout import list_committed
 from ftjob_trainer.checkpoint_staging import STAGED_ASYNC, non_data_values
-from ftjob_trainer.config import ModelConfig, OptimizerConfig, ParallelConfig
-from ftjob_trainer.engine import Engine, build_model, state_sha256
-
-
-def make_engine() -> Engine:
-    cfg = ModelConfig(name="tiny")
-    return Engine(
-        build_model(cfg, torch.device("cpu"), seed=0),
-        device=torch.device("cpu"),
-        model_cfg=cfg,
-        opt_cfg=OptimizerConfig(),
-        par_cfg=ParallelConfig(),
-        total_steps=20,
-    )
-
-
-def train_step(engine: Engine, ckpt: Checkpointer, step: int) -> None:
-    g = torch.Generator().manual_seed(step)
-    tokens = torch.randint(0, engine.vocab_size, (2, 17), generator=g)
-    engine.train_step([(tokens[:, :-1], tokens[:, 1:])], before_optimizer=ckpt.wait_for_staging)
+from ftjob_trainer.engine import state_sha256
 
 
 def test_staged_state_holds_only_tensors_and_plain_data(world_of_one, tmp_path):
-    engine = make_engine()
+    engine = tiny_engine()
     ckpt = Checkpointer(str(tmp_path), keep_last=2, engine=engine, rank=0, world_size=1)
     train_step(engine, ckpt, 0)  # AdamW state and the scheduler's initial_lr exist only after a step
     state = ckpt.staging.state()
@@ -51,7 +33,7 @@ def test_the_walk_names_classes_functions_and_objects():
 
 
 def test_a_class_in_the_state_is_refused_before_staging(world_of_one, tmp_path):
-    engine = make_engine()
+    engine = tiny_engine()
     ckpt = Checkpointer(str(tmp_path), keep_last=2, engine=engine, rank=0, world_size=1)
     ckpt.staging.state = lambda: {"model": {"w": torch.zeros(2)}, "optim": {"cls": torch.optim.AdamW}}
     with pytest.raises(TypeError, match=r"optim\.cls"):
@@ -60,7 +42,7 @@ def test_a_class_in_the_state_is_refused_before_staging(world_of_one, tmp_path):
 
 @pytest.mark.skipif(not STAGED_ASYNC, reason="this torch has no staged async_save")
 def test_three_async_saves_in_a_row_all_commit(world_of_one, tmp_path):
-    engine = make_engine()
+    engine = tiny_engine()
     ckpt = Checkpointer(str(tmp_path), keep_last=3, engine=engine, rank=0, world_size=1, write_threads=3)
     hashes, stagers = {}, set()
     step = 0
@@ -84,7 +66,7 @@ def test_three_async_saves_in_a_row_all_commit(world_of_one, tmp_path):
     for saved_step, path in committed:
         alone = tmp_path / f"alone-{saved_step}"
         shutil.copytree(path, alone / os.path.basename(path))
-        fresh = make_engine()
+        fresh = tiny_engine()
         got = Checkpointer(str(alone), keep_last=3, engine=fresh, rank=0, world_size=1).load_latest()
         assert got.step == saved_step and state_sha256(*fresh.full_state()) == hashes[saved_step]
 
@@ -105,7 +87,7 @@ def _fail_inflight_write(ckpt: Checkpointer) -> str:
 
 @pytest.mark.parametrize("stop_step_same", [False, True], ids=["next-step", "same-step"])
 def test_a_failed_inflight_save_does_not_stop_the_preemption_save(world_of_one, tmp_path, stop_step_same):
-    engine = make_engine()
+    engine = tiny_engine()
     ckpt = Checkpointer(str(tmp_path), keep_last=3, engine=engine, rank=0, world_size=1)
     try:
         train_step(engine, ckpt, 0)
@@ -129,7 +111,7 @@ def test_a_failed_inflight_save_does_not_stop_the_preemption_save(world_of_one, 
 
 
 def test_drain_after_a_failed_inflight_save_keeps_the_last_committed(world_of_one, tmp_path):
-    engine = make_engine()
+    engine = tiny_engine()
     ckpt = Checkpointer(str(tmp_path), keep_last=3, engine=engine, rank=0, world_size=1)
     try:
         train_step(engine, ckpt, 0)

@@ -9,12 +9,10 @@ import signal
 import time
 
 import pytest
-import torch
+from engine_testlib import tiny_engine, train_step
 from ftjob_trainer import contract, events
 from ftjob_trainer.checkpoint import Checkpointer
 from ftjob_trainer.checkpoint_staging import STAGED_ASYNC
-from ftjob_trainer.config import ModelConfig, OptimizerConfig, ParallelConfig
-from ftjob_trainer.engine import Engine, build_model
 from trainer_testlib import TINY, events_of, finish, log_of, read_json, report_step, wait_for
 
 
@@ -51,26 +49,8 @@ def test_process_start_time_is_the_os_start_before_the_imports():
     assert events.since_start() > 0
 
 
-def make_engine() -> Engine:
-    cfg = ModelConfig(name="tiny")
-    return Engine(
-        build_model(cfg, torch.device("cpu"), seed=0),
-        device=torch.device("cpu"),
-        model_cfg=cfg,
-        opt_cfg=OptimizerConfig(),
-        par_cfg=ParallelConfig(),
-        total_steps=20,
-    )
-
-
-def train_step(engine: Engine, ckpt: Checkpointer, step: int) -> None:
-    g = torch.Generator().manual_seed(step)
-    tokens = torch.randint(0, engine.vocab_size, (2, 17), generator=g)
-    engine.train_step([(tokens[:, :-1], tokens[:, 1:])], before_optimizer=ckpt.wait_for_staging)
-
-
 def test_checkpointer_events_save_stage_commit_load_and_reject(world_of_one, tmp_path, captured_events):
-    engine = make_engine()
+    engine = tiny_engine()
     ckpt = Checkpointer(str(tmp_path), keep_last=3, engine=engine, rank=0, world_size=1)
     try:
         train_step(engine, ckpt, 0)
@@ -105,7 +85,7 @@ def test_checkpointer_events_save_stage_commit_load_and_reject(world_of_one, tmp
     # load: the newest is corrupt (set aside, rejected), the one before loads
     shard = next((tmp_path / os.path.basename(path)).glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[:10])
-    fresh = make_engine()
+    fresh = tiny_engine()
     loaded = Checkpointer(str(tmp_path), keep_last=3, engine=fresh, rank=0, world_size=1).load_latest()
     assert loaded.step == 1
     rejected = [e for e in captured_events() if e["event"] == contract.EVENT_CHECKPOINT_REJECTED]

@@ -10,13 +10,11 @@ import time
 from http.server import ThreadingHTTPServer
 
 import pytest
-import torch
+from engine_testlib import tiny_engine, train_step
 from ftjob_trainer import contract
 from ftjob_trainer.checkpoint import Checkpointer
 from ftjob_trainer.checkpoint_layout import list_committed, list_memory_committed
-from ftjob_trainer.config import ModelConfig, OptimizerConfig, ParallelConfig
 from ftjob_trainer.coordinator import StaleWorld, State, make_handler
-from ftjob_trainer.engine import Engine, build_model
 from ftjob_trainer.fence import Fence
 from ftjob_trainer.preemption import CoordinatorClient
 from trainer_testlib import free_port, http
@@ -155,27 +153,12 @@ def test_a_refused_progress_post_fences_the_poster(api):
 
 
 # --- the checkpointer's commit points ----------------------------------------------------------------------------
-def make_engine() -> Engine:
-    cfg = ModelConfig(name="tiny")
-    return Engine(
-        build_model(cfg, torch.device("cpu"), seed=0),
-        device=torch.device("cpu"),
-        model_cfg=cfg,
-        opt_cfg=OptimizerConfig(),
-        par_cfg=ParallelConfig(),
-        total_steps=20,
-    )
-
-
-def train_step(engine: Engine, ckpt: Checkpointer, step: int) -> None:
-    tokens = torch.randint(0, engine.vocab_size, (2, 17), generator=torch.Generator().manual_seed(step))
-    engine.train_step([(tokens[:, :-1], tokens[:, 1:])], before_optimizer=ckpt.wait_for_staging)
 
 
 def fenced_checkpointer(tmp_path, base: str, memory: bool = False) -> tuple[Checkpointer, Fence]:
     fence = Fence(base, TOKEN, rank=0)
     fence.form(world_size=1)
-    engine = make_engine()
+    engine = tiny_engine()
     mem = str(tmp_path / "shm") if memory else None
     ckpt = Checkpointer(str(tmp_path / "ckpt"), 3, engine, rank=0, world_size=1, memory_root=mem, fence=fence)
     return ckpt, fence

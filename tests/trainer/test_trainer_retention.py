@@ -5,27 +5,13 @@ from __future__ import annotations
 
 import os
 
-import torch
+from engine_testlib import tiny_engine
 from ftjob_trainer.checkpoint import Checkpointer
 from ftjob_trainer.checkpoint_layout import TRASH_PREFIX, list_committed
-from ftjob_trainer.config import ModelConfig, OptimizerConfig, ParallelConfig
-from ftjob_trainer.engine import Engine, build_model
-
-
-def make_engine() -> Engine:
-    cfg = ModelConfig(name="tiny")
-    return Engine(
-        build_model(cfg, torch.device("cpu"), seed=0),
-        device=torch.device("cpu"),
-        model_cfg=cfg,
-        opt_cfg=OptimizerConfig(),
-        par_cfg=ParallelConfig(),
-        total_steps=10,
-    )
 
 
 def test_retention_renames_then_deletes_and_a_restart_finishes_cut_deletions(world_of_one, tmp_path):
-    engine = make_engine()
+    engine = tiny_engine(10)
     ckpt = Checkpointer(str(tmp_path), keep_last=2, engine=engine, rank=0, world_size=1)
     for step in (1, 2, 3, 4):
         path = ckpt.save(step, {})
