@@ -90,9 +90,8 @@ REASON_PEER = "peer-stopped"  # another rank was signalled; this one stopped (an
 REASON_DEADLINE = "save-skipped-deadline"  # a save could not fit the deadline; the last committed one is kept
 REASON_DONE = "done"
 REASON_ERROR = "error"
-REASON_FENCED = (
-    "fenced"  # a newer world exists (see ROUTE_FENCE): this one stopped without committing, exit 75
-)
+# a newer world exists (see ROUTE_FENCE): this one stopped without committing, exit 75
+REASON_FENCED = "fenced"
 
 
 # --- Time on the wire ------------------------------------------------------------------------------------------

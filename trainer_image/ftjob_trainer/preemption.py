@@ -76,9 +76,8 @@ class CoordinatorClient:
 
     def __init__(self, url: str, token: str | None, interval: float, fence: Any = None):
         self.url, self.token, self.interval = url.rstrip("/"), token, interval
-        self.fence = (
-            fence  # a fence.Fence: posts carry its epoch; a 409 (a newer world exists) fences this one
-        )
+        # a fence.Fence: posts carry its epoch; a 409 (a newer world exists) fences this one
+        self.fence = fence
         self.latest_request = 0
         self.latest_reason: str | None = None  # the reason the coordinator gave for latest_request
         self._pending: dict | None = None
