@@ -268,9 +268,16 @@ def _pod_labels_with_template(spec: api.TrainingJobSpec, labels: dict[str, str])
 
 
 def render_coordinator_pod(
-    ref: JobRef, spec: api.TrainingJobSpec, *, index: int, generation: int, avoid_nodes: Sequence[str] = ()
+    ref: JobRef,
+    spec: api.TrainingJobSpec,
+    *,
+    index: int,
+    generation: int,
+    avoid_nodes: Sequence[str] = (),
+    world_epoch: int = 0,
 ) -> dict[str, Any]:
-    """`avoid_nodes`: nodes going away (placement.py), never chosen for this pod."""
+    """`avoid_nodes`: nodes going away (placement.py), never chosen for this pod. `world_epoch`: the newest trainer
+    world a predecessor reported (status.operator.worldEpoch); a replacement coordinator refuses older worlds."""
     pod_spec = _pod_common(spec)
     role = spec.scheduling.coordinator
     _scheduling(pod_spec, role, placement.pod_affinity(role.affinity, avoid_nodes=avoid_nodes))
@@ -286,6 +293,7 @@ def render_coordinator_pod(
             "--host=$(POD_IP)",
             f"--store-port={contract.RDZV_PORT}",
             f"--control-port={contract.CONTROL_PORT}",
+            *([f"--min-world-epoch={world_epoch}"] if world_epoch else []),
         ],
         "env": [_field_env("POD_IP", "status.podIP"), _token_env(ref)],
         "ports": [

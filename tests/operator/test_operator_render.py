@@ -104,6 +104,9 @@ def test_coordinator_pod():
     assert env_of(pod)["FTJOB_TOKEN"] == {"secretKeyRef": {"name": "tj-token", "key": "token"}}
     assert env_of(pod)["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": 29401}
+    # a replacement coordinator starts from the newest world epoch its predecessor reported (the fence)
+    again = render.render_coordinator_pod(REF, spec(), index=5, generation=1, world_epoch=1796334000123)
+    assert again["spec"]["containers"][0]["args"] == [*c["args"], "--min-world-epoch=1796334000123"]
     assert pod["metadata"]["labels"] == {
         "app.kubernetes.io/name": "ftjob",
         "app.kubernetes.io/instance": "tj",

@@ -129,6 +129,7 @@ def test_status_field_names_and_vocabularies():
         "coordinatorLostAt",
         "lastPreemptionTime",
         "handledErrorId",
+        "worldEpoch",
         "knownPods",
         "retiredPods",
         "pendingPods",

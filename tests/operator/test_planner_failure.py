@@ -85,6 +85,10 @@ def test_backoff_doubles_is_capped_and_jitter_is_deterministic(failures, low, hi
 
 def test_a_crashed_coordinator_is_recreated_after_backoff_and_its_collateral_workers_are_not_blamed():
     store = started()
+    store.progress = {"step": 7, "worldEpoch": 1796334000123}  # the trainers' newest world (the fence)
+    store.apply(plan(store.observe(), NOW))
+    assert store.status["operator"]["worldEpoch"] == 1796334000123
+    store.progress = None  # the coordinator is gone: nothing to read
     store.exit("tj-coordinator-0", 1, "Error")
     p = plan(store.observe(), NOW)
     assert (
@@ -103,5 +107,8 @@ def test_a_crashed_coordinator_is_recreated_after_backoff_and_its_collateral_wor
     converge(store, at(10))  # backoff over (base 10 s)
     assert store.names("coordinator") == ["tj-coordinator-3"] and len(store.names("worker")) == 2
     assert "CoordinatorReplaced" in [e.reason for e in store.events]
+    # the new coordinator refuses worlds older than the newest one its predecessor reported
+    args = store.pods["tj-coordinator-3"]["spec"]["containers"][0]["args"]
+    assert args[-1] == "--min-world-epoch=1796334000123", args
     assert store.status["phase"] == "Running" and condition(store.status, "Restarting")["status"] == "False"
     assert (store.status["failures"], store.status["restarts"]) == (1, 0)

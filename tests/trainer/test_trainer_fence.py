@@ -56,6 +56,18 @@ def test_the_commit_check_refuses_an_older_world_and_adopts_a_larger_unknown_one
         state.fence({"step": 4})
 
 
+def test_a_recreated_coordinator_given_its_predecessors_epoch_refuses_older_worlds():
+    """The operator passes the newest epoch it read (--min-world-epoch): a stale world presenting first is refused,
+    not adopted, and new worlds get epochs above it."""
+    old = State(clock_ids=True)
+    stale, newest = old.new_world({"worldSize": 1}), old.new_world({"worldSize": 1})
+    recreated = State(clock_ids=True, world_epoch=newest)
+    with pytest.raises(StaleWorld):
+        recreated.fence({"epoch": stale, "step": 9})
+    assert recreated.fence({"epoch": newest}) == newest
+    assert recreated.new_world({"worldSize": 2}) > newest
+
+
 def test_a_stale_world_progress_is_refused_and_not_applied():
     state = State()
     older, newest = state.new_world({"worldSize": 1}), state.new_world({"worldSize": 1})

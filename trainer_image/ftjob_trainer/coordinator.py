@@ -80,7 +80,7 @@ class StaleWorld(Exception):
 class State:
     """Progress and checkpoint requests, in memory (the operator keeps what must survive in the job's status)."""
 
-    def __init__(self, clock_ids: bool = False) -> None:
+    def __init__(self, clock_ids: bool = False, world_epoch: int = 0) -> None:
         # clock_ids: checkpoint request ids are milliseconds since the epoch (like error ids), so a recreated
         # coordinator's requests stay above the ones a running trainer already handled (it ignores ids at or below
         # the newest it saw). The coordinator process always uses them; plain counting (1, 2, ...) is for an
@@ -105,7 +105,9 @@ class State:
         }
         self.next_id = 1
         self.last_error_id = 0
-        self.world_epoch = 0  # the newest world epoch handed out or presented (0: none yet)
+        # The newest world epoch handed out or presented (0: none yet). A recreated coordinator starts from the one
+        # the operator last read from its predecessor (--min-world-epoch), so an older world is refused at once.
+        self.world_epoch = world_epoch
 
     def update(self, body: dict) -> dict:
         for key, value in body.items():
@@ -274,7 +276,7 @@ def make_handler(state: State, token: str):
 
 
 class Coordinator:
-    def __init__(self, host: str, store_port: int, control_port: int, token: str):
+    def __init__(self, host: str, store_port: int, control_port: int, token: str, world_epoch: int = 0):
         from torch.distributed import TCPStore  # imported here: the HTTP half needs no torch
 
         # TCPStore's server listens on every address of the machine whatever host it is given. Bind the socket to
@@ -292,7 +294,7 @@ class Coordinator:
         self.store = TCPStore(
             host, store_port, is_master=True, wait_for_workers=False, master_listen_fd=listen_fd
         )
-        self.state = State(clock_ids=True)
+        self.state = State(clock_ids=True, world_epoch=world_epoch)
         self.http = ThreadingHTTPServer((host, control_port), make_handler(self.state, token))
         self.http.daemon_threads = True
         self.thread = threading.Thread(target=self.http.serve_forever, name="ftjob-control-api", daemon=True)
@@ -320,6 +322,12 @@ def main(argv: list[str] | None = None) -> int:
         "--store-port", type=int, default=contract.RDZV_PORT, help="TCPStore port (--rdzv-endpoint)"
     )
     p.add_argument("--control-port", type=int, default=contract.CONTROL_PORT, help="HTTP control API port")
+    p.add_argument(
+        "--min-world-epoch",
+        type=int,
+        default=0,
+        help="the newest world epoch a predecessor reported (the operator passes it): older worlds are refused",
+    )
     args = p.parse_args(argv)
     token = os.environ.get(contract.ENV_TOKEN, "")
     if not token:
@@ -328,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             contract.ENV_TOKEN,
         )
         return contract.EXIT_CONFIG_ERROR
-    coord = Coordinator(args.host, args.store_port, args.control_port, token)
+    coord = Coordinator(args.host, args.store_port, args.control_port, token, args.min_world_epoch)
     coord.start()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -227,6 +227,11 @@ class OperatorStatus(StatusModel):
         description="handledErrorId is the newest trainer error report (the coordinator's errors[].id) already "
         "counted as a failure or set aside (a report is never looked at twice).",
     )
+    world_epoch: int = Field(
+        0,
+        description="worldEpoch is the newest trainer world epoch the coordinator reported; a recreated coordinator "
+        "starts from it, so an older world can never commit a checkpoint.",
+    )
     known_pods: list[str] = names_set(
         "knownPods are current pods seen alive at the last plan (a vanished one counts as lost)."
     )

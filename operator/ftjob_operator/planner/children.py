@@ -86,7 +86,12 @@ def _reissue_pending(ctx: Context, cluster_ip: str) -> None:
         index = int(name.rsplit("-", 1)[1])
         if name == render.coordinator_name(ref.name, index):
             coordinator = render.render_coordinator_pod(
-                ref, spec, index=index, generation=gen, avoid_nodes=_avoid(ctx)
+                ref,
+                spec,
+                index=index,
+                generation=gen,
+                avoid_nodes=_avoid(ctx),
+                world_epoch=ctx.st.operator.world_epoch,
             )
             ctx.actions.append(Create(coordinator))
         else:
@@ -109,6 +114,7 @@ def _ensure_coordinator(ctx: Context) -> None:
             index=index,
             generation=ctx.st.operator.restart_generation,
             avoid_nodes=_avoid(ctx),
+            world_epoch=ctx.st.operator.world_epoch,
         ),
     )
     if any(pod_role(p) == render.ROLE_WORKER for p in ctx.current):

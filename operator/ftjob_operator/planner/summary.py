@@ -19,11 +19,15 @@ _COUNTED = (Ending.RESTARTING, Ending.SUCCEEDED, Ending.FAILED, Ending.FROM_PODS
 
 
 def record_progress(ctx: Context) -> None:
-    """The coordinator's progress (step, newest committed checkpoint) and the scale subresource's selector."""
+    """The coordinator's progress (step, newest committed checkpoint, newest world epoch) and the scale
+    subresource's selector."""
     ctx.st.selector = render.worker_selector(ctx.ref.name)
     p = ctx.o.progress or {}
     if isinstance(p.get("step"), int):
         ctx.st.step = p["step"]
+    epoch = p.get("worldEpoch")
+    if isinstance(epoch, int) and not isinstance(epoch, bool):  # the fence's newest world (fence.py)
+        ctx.st.operator.world_epoch = max(ctx.st.operator.world_epoch, epoch)
     ck = p.get("lastCheckpoint")
     if isinstance(ck, dict) and isinstance(ck.get("step"), int):
         old = ctx.st.last_checkpoint
