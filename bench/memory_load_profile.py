@@ -1,0 +1,137 @@
+"""Where a load from the memory tier spends its time (issue 10: >= 8 GB/s from the memory tier).
+
+One process, no process group: the 1b preset's parameters plus two AdamW moments per parameter (the trainer's
+state, 11.4 GB) as plain tensors on the device, saved once with DCP into a /dev/shm folder the way the trainer
+writes its memory tier (8 writer threads, one file each, no fsync), then loaded back several ways, each timed:
+
+  files          the folder's files read into host memory on 8 threads (what the medium gives; no decoding)
+  to_host        DCP's load through TieredReader into host tensors (decoding, no device copy)
+  h2d_pageable   those host tensors copied to the device one after another (pageable memory)
+  tiered         TieredReader into the device tensors: what the trainer does
+  tiered_staged  TieredReader with device_staging(): each tensor lands in pinned memory and is copied to the
+                 device asynchronously on its reader thread's own stream
+
+GB/s is the state's bytes over the wall time. Results: DIR/profile.json.
+
+    python bench/memory_load_profile.py --out DIR [--dir /dev/shm/ftjob-profile] [--model 1b] [--repeat 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from ftjob_trainer.models import llama
+from ftjob_trainer.shard_io import TieredReader
+
+
+def state_on(device: torch.device, model: str) -> dict:
+    with torch.device("meta"):
+        net = llama.build(model)
+    params = {k: torch.empty(p.shape, dtype=p.dtype, device=device) for k, p in net.named_parameters()}
+    for t in params.values():
+        t.uniform_(-1, 1)
+    optim = {f"{k}.{m}": torch.rand_like(t) for k, t in params.items() for m in ("exp_avg", "exp_avg_sq")}
+    return {"model": params, "optim": optim}
+
+
+def nbytes(state: dict) -> int:
+    return sum(t.numel() * t.element_size() for part in state.values() for t in part.values())
+
+
+def empty_like(state: dict, device: torch.device) -> dict:
+    return {k: {n: torch.empty_like(t, device=device) for n, t in part.items()} for k, part in state.items()}
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed(fn) -> float:
+    sync()
+    started = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - started
+
+
+def read_files(folder: Path, threads: int) -> None:
+    files = [p for p in folder.iterdir() if p.suffix == ".distcp"]
+
+    def read(path: Path) -> None:
+        buf = bytearray(path.stat().st_size)
+        with open(path, "rb", buffering=0) as f:
+            f.readinto(buf)
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(read, files))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--dir", type=Path, default=Path("/dev/shm/ftjob-profile"))
+    p.add_argument("--model", default="1b", choices=sorted(llama.PRESETS))
+    p.add_argument("--threads", type=int, default=8)
+    p.add_argument("--repeat", type=int, default=2, help="runs of each way (the best is reported too)")
+    a = p.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    a.out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(a.dir, ignore_errors=True)
+    state = state_on(device, a.model)
+    size = nbytes(state)
+    save_s = timed(
+        lambda: dcp.save(
+            state, storage_writer=dcp.FileSystemWriter(str(a.dir), sync_files=False, thread_count=a.threads)
+        )
+    )
+    host = empty_like(state, torch.device("cpu"))
+    target = empty_like(state, device)
+
+    def load(into: dict, **kw) -> None:
+        dcp.load(into, storage_reader=TieredReader(str(a.dir), threads=a.threads, **kw), no_dist=True)
+
+    ways = {
+        "files": lambda: read_files(a.dir, a.threads),
+        "to_host": lambda: load(host),
+        "h2d_pageable": lambda: [target[k][n].copy_(t) for k, part in host.items() for n, t in part.items()],
+        "tiered": lambda: load(target),
+        "tiered_staged": lambda: load(target, device_staging=True),
+    }
+    runs: dict[str, list[float]] = {}
+    for name, fn in ways.items():
+        if name != "files" and device.type == "cpu" and name in ("h2d_pageable", "tiered_staged"):
+            continue
+        runs[name] = [round(timed(fn), 4) for _ in range(a.repeat)]
+    equal = all(torch.equal(target[k][n], t) for k, part in state.items() for n, t in part.items())
+    doc = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "model": a.model,
+        "threads": a.threads,
+        "state_bytes": size,
+        "files": len([p for p in a.dir.iterdir() if p.suffix == ".distcp"]),
+        "save_s": round(save_s, 3),
+        "seconds": runs,
+        "best_gbps": {k: round(size / min(v) / 1e9, 3) for k, v in runs.items()},
+        "loaded_equal": equal,
+    }
+    (a.out / "profile.json").write_text(json.dumps(doc, indent=1))
+    print(json.dumps(doc, indent=1))
+    shutil.rmtree(a.dir, ignore_errors=True)
+    return 0 if equal else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
