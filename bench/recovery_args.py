@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-PATHS = ("limits", "replacement", "survivor", "spare", "compile")
+PATHS = ("limits", "replacement", "survivor", "spare", "compile", "spare_compile")
 # Per preset: batch per rank, seq len, checkpoint every, --signal-after, probe MiB, budgets (s) per phase.
 PROFILES = {
-    "1b": dict(batch=8, seq_len=2048, every=40, after=3, probe_mb=4096, budget=(90, 150, 150, 200, 200)),
-    "tiny": dict(batch=2, seq_len=64, every=4, after=2, probe_mb=64, budget=(30, 60, 60, 90, 120)),
+    "1b": dict(batch=8, seq_len=2048, every=40, after=3, probe_mb=4096, budget=(90, 150, 150, 200, 200, 240)),
+    "tiny": dict(batch=2, seq_len=64, every=4, after=2, probe_mb=64, budget=(30, 60, 60, 90, 120, 120)),
 }
 
 
@@ -31,7 +31,7 @@ def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
         "--signal-after", type=int, default=None, help="steps after the first periodic save (1b: 3)"
     )
     p.add_argument(
-        "--paths", default=None, help=f"comma-separated subset of {','.join(PATHS)} (cpu: no compile)"
+        "--paths", default=None, help=f"comma-separated subset of {','.join(PATHS)} (cpu: none with compile)"
     )
     p.add_argument(
         "--budget-s",
@@ -80,7 +80,7 @@ def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
             setattr(a, key, prof[name])
     a.signal_after = prof["after"] if a.signal_after is None else a.signal_after
     a.probe_mb = prof["probe_mb"] if a.probe_mb is None else a.probe_mb
-    default_paths = PATHS if a.device == "cuda" else PATHS[:-1]
+    default_paths = [x for x in PATHS if a.device == "cuda" or "compile" not in x]
     a.paths = [x.strip() for x in a.paths.split(",")] if a.paths else list(default_paths)
     if bad := [x for x in a.paths if x not in PATHS]:
         p.error(f"--paths: unknown {bad}; pick from {PATHS}")

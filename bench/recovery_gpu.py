@@ -12,6 +12,8 @@ breakdown, on three paths in one run, next to the machine's limits measured in t
                and the spare's worker starts at once (the page cache of the stop save dropped once it commits)
   compile      the replacement path with --compile; the TorchInductor cache lives in the work directory, so the
                first torchrun compiles from scratch and the replacement finds the cache warm
+  spare_compile  the spare path with --compile: the spare compiles after it joins, from the cache the preempted
+               worker filled (as the trainer keeps it next to the checkpoints)
   limits       the checkpoint medium's parallel cold-read bandwidth (page cache dropped) and /dev/shm's, so a
                load reads as "X of the medium's bandwidth" (bench/recovery_limits.py)
 
@@ -237,7 +239,7 @@ class Bench:
         )
         return result
 
-    def spare(self, phase: str, deadline: float) -> dict:
+    def spare(self, phase: str, deadline: float, *, compile: bool = False) -> dict:
         """The replacement path with a warm spare (spec.workers.spares: 1): a second launcher joins the rendezvous
         (a TCPStore server in this process, the coordinator's role) once the first trains, and waits in c10d's
         redundancy list with torch and the trainer imported; SIGTERM to the first: its stop save commits durably,
@@ -255,9 +257,13 @@ class Bench:
             f"--rdzv-id={run_id}",
             "--rdzv-conf=is_host=0,last_call_timeout=1,join_timeout=600",
         ]
-        old = self.torchrun(phase, "preempted", ckpt, memory=self.memory(phase, "preempted"), rdzv=rdzv)
+        old = self.torchrun(
+            phase, "preempted", ckpt, compile=compile, memory=self.memory(phase, "preempted"), rdzv=rdzv
+        )
         self.wait(old, lambda evs: of(evs, contract.EVENT_FIRST_STEP, rank=0), deadline, "training")
-        new = self.torchrun(phase, "spare", ckpt, memory=self.memory(phase, "spare"), rdzv=rdzv)
+        new = self.torchrun(
+            phase, "spare", ckpt, compile=compile, memory=self.memory(phase, "spare"), rdzv=rdzv
+        )
         self.wait(new, lambda _: new.proc.pid in waiting_agents(store, run_id), deadline, "the spare waiting")
         self.signal_point(old, deadline)
         sent = time.time()
@@ -319,6 +325,11 @@ class Bench:
             "load_bytes": rec.load_bytes,
             "load_seconds": _r(rec.load_seconds),
             "load_gbps": _r(rec.load_gbps),
+            # where the resume's files came from (contract.TIER_*), one entry per rank
+            "load_tiers": sorted(
+                {e.get("tier") for e in of(events, contract.EVENT_CHECKPOINT_LOADED) if e["time"] > sent}
+                - {None}
+            ),
             "stop_save": self.stop_save(events, r.stop_steps),
         }
 
@@ -429,6 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         "survivor": bench.survivor,
         "spare": bench.spare,
         "compile": lambda phase, deadline: bench.replacement(phase, deadline, compile=True),
+        "spare_compile": lambda phase, deadline: bench.spare(phase, deadline, compile=True),
     }
     try:
         for phase in a.paths:

@@ -53,6 +53,7 @@ def test_recovery_bench_smoke_breaks_down_each_path(procs, tmp_path):
         assert d["total_s"] == since[-1] and d["stop_reasons"] == [reason], d
         assert d["stopped_at_step"] == [d["resumed_from_step"]] == [d["stop_save"]["step"]], d
         assert d["load_bytes"] > 0 and d["load_gbps"] > 0 and d["stop_save"]["kind"] == "stop", d
+        assert d["load_tiers"] == ["durable"], d  # no --memory-tier here: every save and load is durable
     assert doc["phases"]["replacement"]["page_cache"] in ("drop_caches", "fadvise")
     spare = doc["phases"]["spare"]
     # the spare waited in the rendezvous; it read the checkpoint after its page cache was dropped
@@ -63,7 +64,9 @@ def test_recovery_bench_smoke_breaks_down_each_path(procs, tmp_path):
         "replacement: signal -> first step <= 20 s",
         "spare: signal -> first step <= 20 s",
         "compile: signal -> first step <= 30 s",
+        "spare_compile: signal -> first step <= 30 s",
         "replacement: load >= 0.8 x the medium's parallel cold read",
+        "survivor: load from the memory tier >= 8 GB/s",
     }
     assert all(g["met"] is None for g in doc["goals"].values())  # the goals are the H200's with the 1b preset
     md = (out / "results.md").read_text()
