@@ -275,6 +275,8 @@ class Bench:
         dropped = time.time()
         self.first_step_after(new, None, deadline)
         new.stop()
+        exit_code = old.proc.wait(timeout=60)
+        old.poll()  # its events after the durable commit (its exit), for the breakdown
         result = self.breakdown(old.events + new.events, sent)
         signal_at = result["signal_received_at"] or sent
         built = next(r["since_signal_s"] for r in result["breakdown"] if r["moment"] == "model_built")
@@ -284,7 +286,7 @@ class Bench:
             # the drop is only meaningful if it came before the spare read the checkpoint (after its model build)
             "cache_dropped_before_load": cache == "warm"
             or (built is not None and dropped - signal_at <= built),
-            "preempted_torchrun_exit_code": old.proc.wait(timeout=60),
+            "preempted_torchrun_exit_code": exit_code,
         }
 
     def survivor(self, phase: str, deadline: float) -> dict:
