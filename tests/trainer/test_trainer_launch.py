@@ -263,7 +263,10 @@ def test_a_stopped_agent_leaves_the_rendezvous_and_the_survivor_goes_on_without_
         assert agents["a"].pid in participants | alive
         return
     assert agents["a"].pid not in participants | alive, log_of(agents["a"])[-2000:]
-    assert "left the rendezvous" in log_of(agents["a"])
+    # once: when its worker's stop save was durable, or at its exit if the worker exited first (a tiny model's
+    # teardown can be quicker than the launcher's look for the worker's word)
+    left = [e["why"] for e in events_of(agents["a"]) if e["event"] == "rendezvous_left"]
+    assert left in (["stop-committed"], ["SIGTERM"]), left
 
     def resumed_alone():
         doc = read_json(tmp_path / "b.json") or {}
@@ -271,6 +274,109 @@ def test_a_stopped_agent_leaves_the_rendezvous_and_the_survivor_goes_on_without_
 
     # within the keep-alive's 10 minutes only a departed agent lets the survivor's round form
     wait_for(resumed_alone, timeout=300, proc=agents["b"], what="the survivor training alone after the save")
+
+
+# A worker that stops like a preempted trainer: on SIGTERM it says its stop checkpoint is committed (the file the
+# launcher named), then holds until released, as a trainer's teardown would, and exits 75.
+COMMIT_THEN_HOLD = """
+import os, pathlib, signal, sys, time
+stopped = []
+signal.signal(signal.SIGTERM, lambda *_: stopped.append(1))
+pathlib.Path(os.environ["READY"]).touch()
+while not stopped:
+    time.sleep(0.05)
+if os.environ["SAY_COMMITTED"] == "1":
+    pathlib.Path(os.environ["FTJOB_STOP_COMMITTED_FILE"]).touch()
+pathlib.Path(os.environ["STOPPED"]).touch()
+while not pathlib.Path(os.environ["RELEASE"]).exists():
+    time.sleep(0.05)
+sys.exit(75)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("committed", [True, False])
+def test_a_preempted_agent_leaves_once_its_worker_committed_not_when_the_worker_exits(
+    procs, tmp_path, committed
+):
+    """A new pod or a warm spare waits for the preempted agent to leave the round; the worker's teardown after its
+    stop commit (2-3 s at the 1b preset) must not add to that wait. Without the commit's word the agent stays until
+    its worker exits (a save still writing, or refused)."""
+    _, ports = start_coordinator(procs, "t0ken")
+    run_id = f"job-commit-{committed}"
+    rdzv = [
+        "--nnodes=1:2",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{ports['storePort']}",
+        f"--rdzv-id={run_id}",
+        "--rdzv-conf=is_host=0,last_call_timeout=1,keep_alive_interval=60,keep_alive_max_attempt=10,join_timeout=600",
+    ]
+    script, ready, release = tmp_path / "worker.py", tmp_path / "ready", tmp_path / "release"
+    stopped = tmp_path / "stopped"
+    script.write_text(COMMIT_THEN_HOLD)
+    env = {
+        "READY": str(ready),
+        "STOPPED": str(stopped),
+        "RELEASE": str(release),
+        "SAY_COMMITTED": "1" if committed else "0",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+    }
+    agent = procs.launch([], name="agent", nproc=1, rdzv=rdzv, program=[str(script)], env=env)
+    wait_for(ready.exists, timeout=120, proc=agent, what="the worker running")
+    assert agent.pid in _rendezvous_pids(ports["storePort"], run_id)[0]
+    os.killpg(agent.pid, signal.SIGTERM)  # what the kubelet does to a preempted pod
+    wait_for(stopped.exists, timeout=60, proc=agent, what="the worker told of the stop")
+    if committed:
+        wait_for(
+            lambda: agent.pid not in set().union(*_rendezvous_pids(ports["storePort"], run_id)),
+            timeout=60,
+            proc=agent,
+            what="the agent gone from the rendezvous while its worker still holds",
+        )
+        assert (
+            agent.poll() is None
+        )  # the worker has not exited (it holds until released): the agent waits for it
+    else:  # the worker holds until released: nothing has left yet
+        assert agent.pid in _rendezvous_pids(ports["storePort"], run_id)[0]
+        assert not [e for e in events_of(agent) if e["event"] == "rendezvous_left"]
+    release.touch()
+    assert finish(agent) != 0  # an agent stopped by a signal fails, as torchrun's does
+    left = [e["why"] for e in events_of(agent) if e["event"] == "rendezvous_left"]
+    assert left == (["stop-committed"] if committed else ["SIGTERM"]), log_of(agent)[-3000:]
+    assert agent.pid not in set().union(*_rendezvous_pids(ports["storePort"], run_id))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preempted", [True, False], ids=["preempted", "peer-goes-away"])
+def test_a_preempted_worker_says_its_stop_commit_and_a_survivor_does_not(procs, tmp_path, preempted):
+    """The trainer's side of the above, under plain torchrun: a preempted pod's workers create the launcher's file
+    once their stop save is committed on the durable tier; workers stopped because a peer goes away (their save
+    only in memory, their agent restarts them in the same round) never do."""
+    said = tmp_path / "stop-committed"
+    args = [
+        *TINY,
+        "--steps",
+        "12",
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+        "--report",
+        str(tmp_path / "r.json"),
+    ]
+    args += ["--memory-checkpoint-dir", str(tmp_path / "shm")]
+    env = {"FTJOB_STOP_COMMITTED_FILE": str(said), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    p = procs.torchrun(args, name="run", max_restarts=0 if preempted else 1, env=env)
+    wait_for(lambda: report_step(tmp_path / "r.json") >= 3, timeout=180, proc=p, what="training (step 3)")
+    if preempted:
+        os.killpg(p.pid, signal.SIGTERM)  # the pod's processes, as the kubelet signals them
+        assert finish(p) != 0
+    else:
+        (worker,) = [e for e in events_of(p) if e["event"] == "process_started" and e["rank"] == 1]
+        os.kill(worker["pid"], signal.SIGUSR2)  # the trainer's peer-stop signal
+        assert finish(p) == 0, log_of(p)[-3000:]
+    evs = events_of(p)
+    stops = [e for e in evs if e["event"] == "checkpoint_committed" and e["kind"] == "stop"]
+    assert stops and stops[0]["tier"] == ("durable" if preempted else "memory"), stops
+    assert said.exists() == preempted
 
 
 HOLD = """

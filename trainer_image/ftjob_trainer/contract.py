@@ -31,6 +31,9 @@ ENV_TERMINATION_LOG = "FTJOB_TERMINATION_LOG"  # default /dev/termination-log
 ENV_JOB_NAME = "FTJOB_JOB_NAME"
 ENV_NAMESPACE = "FTJOB_NAMESPACE"
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
+# Set by the launcher (ftjob_trainer.launch) for its workers: a preempted worker creates this file once its stop
+# checkpoint is durable, and the launcher's agent leaves the rendezvous then, before the worker's teardown.
+ENV_STOP_COMMITTED_FILE = "FTJOB_STOP_COMMITTED_FILE"
 # Every trainer flag --some-flag is also read from FTJOB_SOME_FLAG (flag wins).
 ENV_FLAG_PREFIX = "FTJOB_"
 
@@ -171,6 +174,10 @@ EVENT_FENCED = "fenced"
 EVENT_EXIT = (
     "exit"  # code, reason (a REASON_* above), message, step, since_start_s: the process's last moment
 )
+EVENT_RENDEZVOUS_LEFT = "rendezvous_left"
+# the launcher's agent (ftjob_trainer.launch; rank null) left its c10d rendezvous: why (LEFT_STOP_COMMITTED: its
+# preempted worker's stop checkpoint is durable; else the stop signal's name, at the agent's exit), seconds
+LEFT_STOP_COMMITTED = "stop-committed"
 # What a save is for (the "kind" of checkpoint events)
 KIND_PERIODIC, KIND_REQUEST, KIND_STOP, KIND_FINAL = "periodic", "request", "stop", "final"
 TIER_DURABLE = "durable"  # the checkpoint volume
@@ -194,6 +201,7 @@ EVENTS = (
     EVENT_STOP_AGREED,
     EVENT_FENCED,
     EVENT_EXIT,
+    EVENT_RENDEZVOUS_LEFT,
 )
 _EVENT_MARK = '{"event": '
 

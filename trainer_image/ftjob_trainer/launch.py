@@ -16,7 +16,11 @@ Leaving the rendezvous (FTJOB_LEAVE_RENDEZVOUS). torchrun's agent, stopped by SI
 preemption save) and exits without telling its peers; the next c10d round can only form once its keep-alive
 expires (keep_alive_interval x keep_alive_max_attempt), and one that waited (a new agent, a warm spare) keeps its
 peers restarting until then. Here the stopped agent removes itself from the rendezvous before it exits, as a
-restarting survivor's agent does before it rejoins. A hard kill still ends with the keep-alive.
+restarting survivor's agent does before it rejoins. A hard kill still ends with the keep-alive. It leaves as soon as
+its preempted worker's stop checkpoint is durable (the worker creates FTJOB_STOP_COMMITTED_FILE, a path the launcher
+gives it), not when that worker has exited: the worker's teardown after the commit (its pinned memory, the process
+group; 2-3 s at the 1b preset on the H200) no longer delays the round a warm spare or a new pod waits for. Nothing
+of the old world writes to the checkpoints after that commit.
 
 Polling while a round forms (FTJOB_RENDEZVOUS_POLL_SECONDS). c10d's agents read the shared rendezvous state at
 most once a second while they wait for a round to form, so the last one to learn that it formed learns it up to a
@@ -45,10 +49,15 @@ import logging
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import shutil
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from ftjob_trainer import contract, events  # torch-free
 
 log = logging.getLogger("ftjob.launch")
 
@@ -61,6 +70,7 @@ BUILTIN_TRAINER = "ftjob_trainer.train"
 WORKER_ENTRY = "ftjob_trainer.warm_worker"
 FORKSERVER_FIRST = "ftjob_trainer.warm_forkserver"  # its own session: pod-wide signals do not reach it
 LEAVE_SECONDS = 5.0  # the most a stopped agent spends leaving (a store round trip or two)
+COMMITTED_POLL_SECONDS = 0.05  # how often the agent looks for its worker's FTJOB_STOP_COMMITTED_FILE
 C10D_POLL_SECONDS = 1.0  # c10d's delay between reads of the state while it waits, and its state cache
 # Every waiting agent reads the whole state (which grows with the nodes) each poll: 0.1 s up to 10 nodes, then
 # slower, c10d's 1 s from 100 nodes on.
@@ -209,15 +219,47 @@ def tuned_handlers(get_handler: Callable, into: list) -> Callable:
 
 
 def leave_all(handlers: list, why: str) -> None:
+    """Leave every rendezvous this agent joined (each once: the stop commit's watcher and the exit both call it)."""
     started = time.monotonic()
-    for handler in handlers:
+    while handlers:
+        handler = handlers.pop()
         try:
             left = leave(handler)
         except Exception as err:  # noqa: BLE001 - the keep-alive's expiry is the fallback: say so, go on
             log.warning("could not leave the rendezvous (%s); peers wait for its keep-alive to expire", err)
             continue
         if left:
-            log.info("stopped by %s: left the rendezvous in %.3fs", why, time.monotonic() - started)
+            events.emit(contract.EVENT_RENDEZVOUS_LEFT, why=why, seconds=round(time.monotonic() - started, 4))
+
+
+class LeaveOnStopCommit:
+    """Leaves the rendezvous once a worker of this agent says its stop checkpoint is durable: it creates the file
+    named in its FTJOB_STOP_COMMITTED_FILE (ftjob_trainer.stopping). Made before the forkserver starts: warm workers
+    inherit its environment, not the agent's."""
+
+    def __init__(self, handlers: list):
+        self.handlers = handlers
+        self.folder = tempfile.mkdtemp(prefix="ftjob-launch-")
+        self.path = os.path.join(self.folder, "stop-committed")
+        os.environ[contract.ENV_STOP_COMMITTED_FILE] = self.path
+        self.closing = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="ftjob-leave-on-stop-commit", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _watch(self) -> None:
+        while not self.closing.wait(COMMITTED_POLL_SECONDS):
+            if os.path.exists(self.path):
+                leave_all(self.handlers, contract.LEFT_STOP_COMMITTED)
+                return
+
+    def close(self) -> None:
+        """Stop watching; a leave in progress finishes first (the exit's own leave_all finds nothing left)."""
+        self.closing.set()
+        if self.thread.is_alive():
+            self.thread.join(LEAVE_SECONDS)
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 # ================================================================================================ the exit barrier
@@ -301,6 +343,8 @@ def _log_to_stderr() -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    handlers: list = []  # the rendezvous this agent joins (tuned_handlers fills it)
+    leaving = LeaveOnStopCommit(handlers) if enabled(ENV_LEAVE_RENDEZVOUS) else None
     warm = enabled(ENV_WARM_WORKERS) and not {"--no-python", "--no_python"} & set(argv)
     if warm:
         start_forkserver(preload_modules(argv))  # before our own imports: the two import side by side
@@ -325,15 +369,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         getattr(processes, "logger", logging.getLogger(processes.__name__)).addFilter(
             WorkerExitWithoutTraceback()
         )
-    handlers: list = []
     if hasattr(registry, "get_rendezvous_handler"):
         registry.get_rendezvous_handler = tuned_handlers(registry.get_rendezvous_handler, handlers)
+    if leaving:
+        leaving.start()
     try:
         torchrun.main(argv)  # parses, launches, waits; @record writes the error file as torchrun's does
     except processes.SignalException as e:
-        if enabled(ENV_LEAVE_RENDEZVOUS):
+        if leaving:
+            leaving.close()
             leave_all(handlers, e.sigval.name)
         raise
+    finally:
+        if leaving:
+            leaving.close()
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ this pod is preempted), or say why not. Owned by train.Trainer, which writes the
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 
@@ -107,6 +108,8 @@ class Stopping:
                 self.ckpt.wait_own_files_durable(timeout=max(0.0, left))
             self.report.take_commits(self.ckpt)
             said = "committed" if last == self.ckpt.last_committed else "saved (memory-committed)"
+            if preempted:
+                self.tell_launcher_if_committed(step)
             events.emit(
                 contract.EVENT_CHECKPOINT_SKIPPED,
                 step=step,
@@ -122,6 +125,8 @@ class Stopping:
         self.report.doc["preemption_saves"] += 1
         path = self.ckpt.save(step, meta(step, reason), kind=KIND_STOP, durable_now=preempted)
         self.report.take_commits(self.ckpt)
+        if preempted:
+            self.tell_launcher_if_committed(step)
         since = (
             f"{time.monotonic() - self.signals.at:.2f}s after the signal" if self.signals.at else "on request"
         )
@@ -130,3 +135,16 @@ class Stopping:
             contract.EXIT_RESTART,
             f"stopped at step {step} on {who}; saved {path} in {time.monotonic() - t:.2f}s ({since})",
         )
+
+    def tell_launcher_if_committed(self, step: int) -> None:
+        """A preempted pod's stop checkpoint is durable: its launcher's agent may leave the rendezvous now, before
+        this process's teardown (launch.py). A step only memory-committed, or refused by the fence, says nothing."""
+        path = os.environ.get(contract.ENV_STOP_COMMITTED_FILE)
+        committed = self.ckpt.last_committed
+        if not path or committed is None or committed[0] != step:
+            return
+        try:
+            with open(path, "a"):
+                pass
+        except OSError as e:  # the agent then leaves when this process exits, as without the file
+            log.warning("could not tell the launcher that step %d is committed (%s)", step, e)
