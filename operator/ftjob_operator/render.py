@@ -421,9 +421,7 @@ def render_worker_pod(
 ) -> dict[str, Any]:
     """`avoid_nodes`: nodes going away (placement.py); spec.scheduling.spread keeps the generation's workers apart."""
     if not coordinator_ip:
-        raise ValueError(
-            "render_worker_pod needs the coordinator Service's clusterIP (wait until it is assigned)"
-        )
+        raise ValueError("render_worker_pod needs the coordinator Service's clusterIP (wait until it is set)")
     t = timing(spec)
     env: list[dict[str, Any]] = [
         _field_env("POD_IP", "status.podIP"),
@@ -491,11 +489,9 @@ def render_worker_pod(
 
 
 def template_hash(ref: JobRef, spec: api.TrainingJobSpec) -> str:
-    """A digest of what running pods were rendered from; a change means the pods must be recreated.
-
-    Only what lands in the pods counts (not replicas, suspend, TTL or the failure policy); the per-pod parts
-    (name, index, generation, the coordinator's address) are held fixed.
-    """
+    """A digest of what running pods were rendered from (a change means recreating them): only what lands in the
+    pods (not replicas, suspend, TTL or the failure policy), with the per-pod parts (name, index, generation,
+    the coordinator's address) held fixed."""
     worker = render_worker_pod(ref, spec, index=0, generation=0, coordinator_ip="0.0.0.0")
     coordinator = render_coordinator_pod(ref, spec, index=0, generation=0)
     parts = [worker["spec"], worker["metadata"], coordinator["spec"]]

@@ -188,17 +188,16 @@ class Checkpointer:
             dist.barrier(group=self.pg)
 
     def warm_up(self):
-        """Allocate the pinned staging buffers now, in the stager's thread, so that neither the first periodic save
-        (a 6.5 s stall on the H200 machine for 11.4 GB) nor a first preemption save pays for them. Returns the
-        staging Future (None when there is nothing to warm). The copy it makes is thrown away: it only sizes the
-        buffers, so it may overlap training steps. Skipped when params are offloaded by hand (their storage changes
-        at every move, so no buffer could be reused)."""
+        """Allocate the pinned staging buffers now, in the stager's thread, so no first save pays for them (6.5 s
+        for 11.4 GB on the H200). Returns the staging Future (None: nothing to warm); its copy only sizes the
+        buffers, so it may overlap training steps. Skipped when params are offloaded by hand (their storage
+        changes at every move: no buffer could be reused)."""
         return self.staging.warm_up() if self.root else None
 
     def close(self, wait_for_retention: bool = False) -> None:
-        """Drain an in-flight save (its files must not be half-written), stop a durable copy (a restarted worker
-        finishes it) and release the staging buffers; at the end of a finished run also wait for retention's
-        deletions (a stopped run leaves them to the next start: its grace period is short)."""
+        """Drain an in-flight save (no half-written files), stop a durable copy (a restarted worker finishes it),
+        release the staging buffers; a finished run also waits for retention's deletions (a stopped one leaves
+        them to the next start: its grace period is short)."""
         try:
             self.drain()
         finally:
@@ -322,9 +321,8 @@ class Checkpointer:
         return self._finish_or_drop()
 
     def _finish_or_drop(self) -> tuple[int, str, int | None] | None:
-        """Finish the in-flight save; if its background write failed (disk full, a lost peer), log it, remove its
-        folders and return None: the last save stays the one to resume from, and the caller's next save (the
-        preemption save on the stop path) still runs. DCP raises the failure on every rank alike."""
+        """Finish the in-flight save; if its background write failed (disk full, a lost peer; on every rank alike),
+        log it, remove its folders, return None: the last save stays current and the next one (a stop save) runs."""
         f = self.inflight
         try:
             return self._finish(synchronous=False)
