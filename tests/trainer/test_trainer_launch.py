@@ -213,6 +213,18 @@ def _rendezvous_pids(store_port: int, run_id: str) -> tuple[set[int], set[int]]:
     return {n.pid for n in state.participants}, {n.pid for n in state.last_heartbeats}
 
 
+def _long_keepalive_rdzv(store_port: int, run_id: str) -> list[str]:
+    """Up to two agents through the coordinator's store, with a keep-alive that would hold a silent agent for 10
+    minutes: only an agent that leaves lets the next round form sooner."""
+    return [
+        "--nnodes=1:2",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{store_port}",
+        f"--rdzv-id={run_id}",
+        "--rdzv-conf=is_host=0,last_call_timeout=1,keep_alive_interval=60,keep_alive_max_attempt=10,join_timeout=600",
+    ]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("leave", [True, False])
 def test_a_stopped_agent_leaves_the_rendezvous_and_the_survivor_goes_on_without_its_keepalive(
@@ -224,13 +236,7 @@ def test_a_stopped_agent_leaves_the_rendezvous_and_the_survivor_goes_on_without_
     _, ports = start_coordinator(procs, "t0ken")
     ckpt = tmp_path / "ckpt"
     run_id = f"job-leave-{leave}"
-    rdzv = [
-        "--nnodes=1:2",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{ports['storePort']}",
-        f"--rdzv-id={run_id}",
-        "--rdzv-conf=is_host=0,last_call_timeout=1,keep_alive_interval=60,keep_alive_max_attempt=10,join_timeout=600",
-    ]
+    rdzv = _long_keepalive_rdzv(ports["storePort"], run_id)
     agents = {}
     for name in ("a", "b"):
         env = {
@@ -304,13 +310,7 @@ def test_a_preempted_agent_leaves_once_its_worker_committed_not_when_the_worker_
     its worker exits (a save still writing, or refused)."""
     _, ports = start_coordinator(procs, "t0ken")
     run_id = f"job-commit-{committed}"
-    rdzv = [
-        "--nnodes=1:2",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{ports['storePort']}",
-        f"--rdzv-id={run_id}",
-        "--rdzv-conf=is_host=0,last_call_timeout=1,keep_alive_interval=60,keep_alive_max_attempt=10,join_timeout=600",
-    ]
+    rdzv = _long_keepalive_rdzv(ports["storePort"], run_id)
     script, ready, release = tmp_path / "worker.py", tmp_path / "ready", tmp_path / "release"
     stopped = tmp_path / "stopped"
     script.write_text(COMMIT_THEN_HOLD)

@@ -204,7 +204,9 @@ class TieredReader(FileSystemReader):
         super().__init__(path)
         self.durable_dir = str(path)
         self.threads = max(1, threads)
-        # staged device copies (_StagedPlanner): only where there is a device to copy to
+        # staged device copies (_StagedPlanner), only where there is a device to copy to. Off in the trainer: on the
+        # H200 a first load in a process is no faster (4.7-5.6 vs 4.8-6.4 GB/s, allocating the pinned memory);
+        # bench/memory_load_profile.py measures both (bench/RESULTS.md)
         self.device_staging = device_staging and torch.cuda.is_available()
         self.memory_files = dict(memory_files or {})
         self.durable_sizes = None if durable_sizes is None else dict(durable_sizes)
