@@ -9,8 +9,8 @@ writes its memory tier (8 writer threads, one file each, no fsync), then loaded 
   to_host        DCP's load through TieredReader into host tensors (decoding, no device copy)
   h2d_pageable   those host tensors copied to the device one after another (pageable memory)
   tiered         TieredReader into the device tensors: what the trainer does
-  tiered_staged  TieredReader with device_staging(): each tensor lands in pinned memory and is copied to the
-                 device asynchronously on its reader thread's own stream
+  tiered_staged  TieredReader with StagedPlanner (below): each tensor lands in pinned memory and is copied to
+                 the device asynchronously on its reader thread's own stream
 
 GB/s is the state's bytes over the wall time. Results: DIR/profile.json.
 
@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,6 +33,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from ftjob_trainer.models import llama
 from ftjob_trainer.shard_io import TieredReader
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 
 def state_on(device: torch.device, model: str) -> dict:
@@ -63,6 +65,39 @@ def timed(fn) -> float:
     fn()
     sync()
     return time.perf_counter() - started
+
+
+class StagedPlanner(DefaultLoadPlanner):
+    """DCP's load planner with each device tensor decoded into pinned host memory first, then copied to the device
+    asynchronously on the reading thread's own stream, so the copies of several threads (and the next tensor's
+    decoding) overlap; DCP's own copy_ from pageable memory is synchronous, on the default stream. Not in the
+    trainer: a first load in a process is no faster (bench/RESULTS.md). The caller synchronizes the device."""
+
+    def __init__(self):
+        super().__init__()
+        self.local = threading.local()  # .stream: the reading thread's
+        # id(read item) -> (device tensor, its pinned staging); DCP hands commit_tensor a detached alias instead
+        self.targets: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def resolve_tensor(self, read_item):
+        target = super().resolve_tensor(read_item)
+        if target.device.type != "cuda":
+            return target
+        staging = torch.empty(target.shape, dtype=target.dtype, pin_memory=True)
+        self.targets[id(read_item)] = (target, staging)
+        return staging
+
+    def commit_tensor(self, read_item, tensor: torch.Tensor) -> None:
+        staged = self.targets.pop(id(read_item), None)
+        if staged is not None:
+            target, staging = staged
+            if getattr(self.local, "stream", None) is None:
+                self.local.stream = torch.cuda.Stream()
+            # the pinned block is not reused before the copy ends: the host allocator records the copy's event
+            with torch.cuda.stream(self.local.stream):
+                target.detach().copy_(staging, non_blocking=True)
+            tensor = target
+        super().commit_tensor(read_item, tensor)
 
 
 def file_reader(folder: Path, threads: int):
@@ -103,19 +138,20 @@ def main(argv: list[str] | None = None) -> int:
     host = empty_like(state, torch.device("cpu"))
     target = empty_like(state, device)
 
-    def load(into: dict, **kw) -> None:
-        dcp.load(into, storage_reader=TieredReader(str(a.dir), threads=a.threads, **kw), no_dist=True)
+    def load(into: dict, planner: DefaultLoadPlanner | None = None) -> None:
+        reader = TieredReader(str(a.dir), threads=a.threads)
+        dcp.load(into, storage_reader=reader, planner=planner, no_dist=True)
 
     ways = {
         "files": file_reader(a.dir, a.threads),
         "to_host": lambda: load(host),
         "h2d_pageable": lambda: [target[k][n].copy_(t) for k, part in host.items() for n, t in part.items()],
         "tiered": lambda: load(target),
-        "tiered_staged": lambda: load(target, device_staging=True),
+        "tiered_staged": lambda: load(target, StagedPlanner()),
     }
     runs: dict[str, list[float]] = {}
     for name, fn in ways.items():
-        if name != "files" and device.type == "cpu" and name in ("h2d_pageable", "tiered_staged"):
+        if device.type == "cpu" and name in ("h2d_pageable", "tiered_staged"):
             continue
         runs[name] = [round(timed(fn), 4) for _ in range(a.repeat)]
     equal = all(torch.equal(target[k][n], t) for k, part in state.items() for n, t in part.items())

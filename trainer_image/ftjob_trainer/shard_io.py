@@ -26,7 +26,6 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import torch
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.planner import (
     LoadPlan,
@@ -154,43 +153,6 @@ def _size(path: str) -> int:
         return -1
 
 
-class _StagedPlanner:
-    """A load planner seen through one reader thread: DCP's decoding writes each device tensor into pinned host
-    memory, and commit_tensor copies it to the device asynchronously on the thread's own stream, so the copies of
-    several threads (and the next tensor's decoding) overlap. DCP's direct copy_ from pageable memory is
-    synchronous and every thread shares the default stream. finish() waits for the thread's copies."""
-
-    def __init__(self, planner: LoadPlanner, stream: torch.cuda.Stream):
-        self.planner, self.stream = planner, stream
-        # id(read item) -> (device tensor, its pinned staging). Keyed by the read item: DCP hands commit_tensor a
-        # detached alias of the staging tensor, a different Python object.
-        self.targets: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def __getattr__(self, name: str):
-        return getattr(self.planner, name)
-
-    def resolve_tensor(self, read_item):
-        target = self.planner.resolve_tensor(read_item)
-        if target.device.type != "cuda":
-            return target
-        staging = torch.empty(target.shape, dtype=target.dtype, pin_memory=True)
-        self.targets[id(read_item)] = (target, staging)
-        return staging
-
-    def commit_tensor(self, read_item, tensor: torch.Tensor) -> None:
-        staged = self.targets.pop(id(read_item), None)
-        if staged is not None:
-            target, staging = staged
-            # the pinned block is not reused before the copy ends: the host allocator records the copy's event
-            with torch.cuda.stream(self.stream):
-                target.detach().copy_(staging, non_blocking=True)
-            tensor = target
-        self.planner.commit_tensor(read_item, tensor)
-
-    def finish(self) -> None:
-        self.stream.synchronize()
-
-
 class TieredReader(FileSystemReader):
     def __init__(
         self,
@@ -199,15 +161,10 @@ class TieredReader(FileSystemReader):
         threads: int = 8,
         memory_files: Mapping[str, str] | None = None,
         durable_sizes: Mapping[str, int] | None = None,
-        device_staging: bool = False,
     ):
         super().__init__(path)
         self.durable_dir = str(path)
         self.threads = max(1, threads)
-        # staged device copies (_StagedPlanner), only where there is a device to copy to. Off in the trainer: on the
-        # H200 a first load in a process is no faster (4.7-5.6 vs 4.8-6.4 GB/s, allocating the pinned memory);
-        # bench/memory_load_profile.py measures both (bench/RESULTS.md)
-        self.device_staging = device_staging and torch.cuda.is_available()
         self.memory_files = dict(memory_files or {})
         self.durable_sizes = None if durable_sizes is None else dict(durable_sizes)
         self.sources: dict[str, tuple[str, str]] = {}  # file name -> (tier, folder), set while planning
@@ -251,14 +208,7 @@ class TieredReader(FileSystemReader):
             _, folder = self.sources.get(name, (TIER_DURABLE, self.durable_dir))
             view = copy.copy(self)  # DCP's own decoding, rooted at the file's folder
             view.path = view.fs.init_path(folder)
-            if not self.device_staging:
-                FileSystemReader.read_data(view, LoadPlan(per_file[name]), planner).wait()
-                return
-            staged = _StagedPlanner(planner, torch.cuda.Stream())
-            try:
-                FileSystemReader.read_data(view, LoadPlan(per_file[name]), staged).wait()
-            finally:
-                staged.finish()
+            FileSystemReader.read_data(view, LoadPlan(per_file[name]), planner).wait()
 
         started = time.monotonic()
         order = sorted(per_file, key=lambda n: -sizes[n])  # biggest first: the pool ends evenly
