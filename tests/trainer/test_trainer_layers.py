@@ -24,6 +24,7 @@ LAYERS = {
     "contract": 0,
     "models": 0,  # the registry of presets (models/__init__.py), torch-free
     "memory_tier": 0,
+    "shard_direct": 0,
     "checkpoint_layout": 0,
     "checkpoint_state": 0,
     "checkpoint_staging": 0,

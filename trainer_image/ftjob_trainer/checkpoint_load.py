@@ -236,6 +236,7 @@ class Loader:
             threads=s.threads,
             committed=loaded.committed,
             saved_world_size=loaded.meta.get("world_size"),
+            direct_bytes=s.direct_bytes,
         )
         log.info(
             "resumed from %s (step %d, saved at world size %s; read %s from the %s tier%s, %d threads)",

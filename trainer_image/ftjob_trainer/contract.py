@@ -139,7 +139,8 @@ EVENT_CHECKPOINT_LOADED = "checkpoint_loaded"
 # step, path, bytes (this rank's share of the state), seconds (the read), gbps (bytes / seconds / 1e9), read_bytes
 # (of the files), total_s (checks, read, set into the model, RNG, agreement), tier (TIER_*: where this rank's files
 # came from; "mixed": some from each), files_by_tier, bytes_by_tier ({tier: n}), threads (reading), committed
-# (false: a memory-committed save), saved_world_size
+# (false: a memory-committed save), saved_world_size, direct_bytes (read from memory-tier files straight into their
+# targets, not decoded)
 EVENT_CHECKPOINT_REJECTED = "checkpoint_rejected"
 # step, path, error, committed (true: set aside; false: a memory-committed save this world cannot read, discarded)
 EVENT_FRESH_START = (

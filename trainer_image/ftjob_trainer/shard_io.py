@@ -8,7 +8,8 @@ DCP's FileSystemReader reads the files a rank needs one after another in the cal
 on the H200 machine, where the disk and /dev/shm serve several streams far faster. TieredReader keeps DCP's own
 per-file decoding (it calls FileSystemReader.read_data on one file's items at a time) and only decides where each
 file comes from and runs the files on a thread pool:
-- a file this pod holds in its node-local memory tier (memory_files: name -> folder) is read from there;
+- a file this pod holds in its node-local memory tier (memory_files: name -> folder) is read from there, straight
+  into the targets (shard_direct.py: no per-item decoding; device targets through small pinned buffers);
 - every other file from the durable checkpoint folder (`path`), when it is known complete there (durable_sizes:
   name -> bytes written, from the per-rank durable markers of a checkpoint whose durable copy is still running;
   None for a committed folder, where every file is complete).
@@ -37,6 +38,7 @@ from torch.distributed.checkpoint.planner import (
 )
 from torch.futures import Future
 
+from ftjob_trainer import shard_direct
 from ftjob_trainer.contract import TIER_DURABLE, TIER_MEMORY, TIER_MIXED
 
 SIDE_PREFIX = "replicated_"  # a side file's name: <DCP's rank prefix>replicated_<n>.distcp
@@ -110,6 +112,8 @@ class ReadStats:
     state_bytes: int = (
         0  # the state this rank loaded (set by the caller: the files hold it with some framing)
     )
+    direct_bytes: int = 0  # read from memory-tier files straight into their targets (shard_direct.py)
+    direct_seconds: dict[str, float] = field(default_factory=dict)  # thread-seconds per phase of those reads
 
     @property
     def total_bytes(self) -> int:
@@ -127,6 +131,9 @@ class ReadStats:
             self.bytes[t] = self.bytes.get(t, 0) + n
         self.seconds = max(self.seconds, other.seconds)
         self.threads = max(self.threads, other.threads)
+        self.direct_bytes += other.direct_bytes
+        for phase, sec in other.direct_seconds.items():
+            self.direct_seconds[phase] = self.direct_seconds.get(phase, 0.0) + sec
 
 
 def resolve(
@@ -204,22 +211,33 @@ class TieredReader(FileSystemReader):
             stats.files[tier] = stats.files.get(tier, 0) + 1
             stats.bytes[tier] = stats.bytes.get(tier, 0) + n
 
-        def read_one(name: str) -> None:
-            _, folder = self.sources.get(name, (TIER_DURABLE, self.durable_dir))
+        def read_one(name: str) -> shard_direct.DirectRead | None:
+            tier, folder = self.sources.get(name, (TIER_DURABLE, self.durable_dir))
             view = copy.copy(self)  # DCP's own decoding, rooted at the file's folder
             view.path = view.fs.init_path(folder)
-            FileSystemReader.read_data(view, LoadPlan(per_file[name]), planner).wait()
+
+            def decode(items: list) -> None:
+                FileSystemReader.read_data(view, LoadPlan(items), planner).wait()
+
+            if tier == TIER_MEMORY:
+                path = os.path.join(folder, name)
+                return shard_direct.read_file(path, per_file[name], self.storage_data, planner, decode)
+            decode(per_file[name])
+            return None
 
         started = time.monotonic()
         order = sorted(per_file, key=lambda n: -sizes[n])  # biggest first: the pool ends evenly
         if stats.threads == 1:
-            for name in order:
-                read_one(name)
+            done = [read_one(name) for name in order]
         else:
             with ThreadPoolExecutor(stats.threads, thread_name_prefix="ftjob-ckpt-read") as pool:
-                for f in [pool.submit(read_one, name) for name in order]:
-                    f.result()  # the first failure propagates; DCP reports it on every rank
+                # the first failure propagates; DCP reports it on every rank
+                done = [f.result() for f in [pool.submit(read_one, name) for name in order]]
         stats.seconds = time.monotonic() - started
+        for d in filter(None, done):
+            stats.direct_bytes += d.direct_bytes
+            for phase, sec in d.seconds.items():
+                stats.direct_seconds[phase] = stats.direct_seconds.get(phase, 0.0) + sec
         self.stats.add(stats)
         fut: Future = Future()
         fut.set_result(None)
