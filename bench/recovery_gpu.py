@@ -9,7 +9,8 @@ breakdown, on three paths in one run, next to the machine's limits measured in t
                the rank is treated as preempted itself and saves durably)
   spare        the replacement path with a warm spare (spec.workers.spares: 1): a second launcher waits in the
                rendezvous, imported, before the signal; the first one's agent leaves the round after its stop save
-               and the spare's worker starts at once (the page cache of the stop save dropped once it commits)
+               and the spare's worker starts at once (the stop save's pages evicted from the page cache while it
+               writes and at its commit, so the spare reads them cold, as another node would)
   compile      the replacement path with --compile; the TorchInductor cache lives in the work directory, so the
                first torchrun compiles from scratch and the replacement finds the cache warm
   spare_compile  the spare path with --compile: the spare compiles after it joins, from the cache the preempted
@@ -32,6 +33,7 @@ DIR/results.md (bench/recovery_report.py), the trainer logs under DIR/<phase>/.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pickle
@@ -41,6 +43,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -268,10 +271,18 @@ class Bench:
         self.signal_point(old, deadline)
         sent = time.time()
         old.proc.send_signal(signal.SIGTERM)
+        # the spare is another node: its reads must not hit this machine's page cache. A global drop after the
+        # commit took ~1 s and could end after the spare started reading, so the stop save's pages are evicted
+        # while it writes (each file's pages once fsynced) and once more, all of them, at its commit.
+        evicting = threading.Event()
+        if not self.args.warm_cache:
+            threading.Thread(target=evict_until, args=(ckpt, evicting), daemon=True).start()
         self.wait(old, lambda evs: durable_stop_commit(evs), deadline, "the stop save's durable commit")
+        evicting.set()
         cache = "warm"
         if not self.args.warm_cache:
-            cache = recovery_limits.drop_page_cache(recovery_limits.checkpoint_files(ckpt))
+            recovery_limits.evict(recovery_limits.checkpoint_files(ckpt))
+            cache = "fadvise"  # during the stop save and at its commit
         dropped = time.time()
         self.first_step_after(new, None, deadline)
         new.stop()
@@ -361,6 +372,12 @@ class Bench:
             "checkpoint_medium": recovery_limits.medium(Path(a.workdir) / "probe", a.probe_mb, threads),
             "dev_shm": recovery_limits.shm(a.probe_mb, threads),
         }
+
+
+def evict_until(ckpt: Path, done: threading.Event, every_s: float = 0.1) -> None:
+    while not done.wait(every_s):
+        with contextlib.suppress(OSError):  # a folder renamed (the commit) while it is walked
+            recovery_limits.evict(recovery_limits.checkpoint_files(ckpt))
 
 
 def waiting_agents(store, run_id: str) -> set[int]:

@@ -25,13 +25,19 @@ def drop_page_cache(files: list[Path]) -> str:
     with contextlib.suppress(OSError):
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
         return "drop_caches"
-    for f in files:
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+    evict(files)
     return "fadvise"
+
+
+def evict(files: list[Path]) -> None:
+    """Ask the kernel to drop the files' clean pages (no sync: a page still dirty stays until written back)."""
+    for f in files:
+        with contextlib.suppress(OSError):  # a file renamed or removed in the meantime
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
 
 
 def checkpoint_files(root: Path) -> list[Path]:
