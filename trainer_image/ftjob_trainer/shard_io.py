@@ -6,8 +6,8 @@ rank's memory folder and durable markers name (memory_tier.py), without guessing
 
 DCP's FileSystemReader reads the files a rank needs one after another in the calling thread: 0.72 GB/s for 11.4 GB
 on the H200 machine, where the disk and /dev/shm serve several streams far faster. TieredReader keeps DCP's own
-per-file decoding (it calls FileSystemReader.read_data on one file's items at a time) and only decides where each
-file comes from and runs the files on a thread pool:
+per-file decoding for durable files (it calls FileSystemReader.read_data on one file's items at a time), decides
+where each file comes from and runs the files on a thread pool:
 - a file this pod holds in its node-local memory tier (memory_files: name -> folder) is read from there, straight
   into the targets (shard_direct.py: no per-item decoding; device targets through small pinned buffers);
 - every other file from the durable checkpoint folder (`path`), when it is known complete there (durable_sizes:
@@ -235,9 +235,7 @@ class TieredReader(FileSystemReader):
                 done = [f.result() for f in [pool.submit(read_one, name) for name in order]]
         stats.seconds = time.monotonic() - started
         for d in filter(None, done):
-            stats.direct_bytes += d.direct_bytes
-            for phase, sec in d.seconds.items():
-                stats.direct_seconds[phase] = stats.direct_seconds.get(phase, 0.0) + sec
+            stats.add(ReadStats(direct_bytes=d.direct_bytes, direct_seconds=d.seconds))
         self.stats.add(stats)
         fut: Future = Future()
         fut.set_result(None)
