@@ -46,18 +46,16 @@ class DirectRead:
         return now
 
 
-def _meta(fd: int, offset: int, length: int) -> torch.Tensor | None:
-    """The checkpoint tensor of one item as a meta tensor (size, stride, dtype, and where its bytes start in the
-    file), reading only the record's header; None when this torch does not say where the bytes are."""
-    view = _Window(fd, offset, length)
-    t = torch.load(view, map_location="meta", weights_only=True)
+def _meta(fd: int, offset: int, length: int) -> tuple[torch.Tensor, int] | None:
+    """The checkpoint tensor of one item as a meta tensor (size, stride, dtype) and where in the file its first
+    element is, reading only the record's header; None when this torch does not say where the bytes are."""
+    t = torch.load(_Window(fd, offset, length), map_location="meta", weights_only=True)
     if not isinstance(t, torch.Tensor):
         return None
     start = getattr(t.untyped_storage(), "_checkpoint_offset", None)
     if start is None:
         return None
-    t._ftjob_file_offset = offset + start + t.storage_offset() * t.element_size()  # type: ignore[attr-defined]
-    return t
+    return t, offset + start + t.storage_offset() * t.element_size()
 
 
 class _Window:
@@ -92,8 +90,11 @@ class _Window:
         return len(data)
 
 
-def _byte_range(meta: torch.Tensor, item: ReadItem, target: torch.Tensor) -> tuple[int, int] | None:
-    """[start, end) in the file of what `item` asks for, when it can be copied byte for byte into `target`."""
+def _byte_range(
+    meta: torch.Tensor, first: int, item: ReadItem, target: torch.Tensor
+) -> tuple[int, int] | None:
+    """[start, end) in the file of what `item` asks for (`first`: where the tensor's first element is), when it can
+    be copied byte for byte into `target`."""
     if meta.dtype != target.dtype or not meta.is_contiguous() or not target.is_contiguous():
         return None
     size = list(meta.size())
@@ -103,7 +104,7 @@ def _byte_range(meta: torch.Tensor, item: ReadItem, target: torch.Tensor) -> tup
     if size and (any(offsets[1:]) or lengths[1:] != size[1:]):
         return None  # not a run of whole rows: DCP narrows it
     row = meta.element_size() * (int(torch.Size(size[1:]).numel()) if size else 1)
-    start = meta._ftjob_file_offset + (offsets[0] * row if size else 0)  # type: ignore[attr-defined]
+    start = first + (offsets[0] * row if size else 0)
     return start, start + target.numel() * target.element_size()
 
 
@@ -161,8 +162,8 @@ def read_file(
                 rest.append(item)
                 continue
             target = planner.resolve_tensor(item).detach()
-            meta = _meta(fd, info.offset, info.length)
-            span = _byte_range(meta, item, target) if meta is not None else None
+            found = _meta(fd, info.offset, info.length)
+            span = _byte_range(*found, item, target) if found is not None else None
             if (
                 span is None or span[1] > info.offset + info.length
             ):  # past its record: DCP's decoding judges it
