@@ -5,11 +5,20 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-PATHS = ("limits", "replacement", "survivor", "spare", "compile", "spare_compile")
+PATHS = ("limits", "replacement", "survivor", "spare", "notice", "compile", "spare_compile", "notice_compile")
 # Per preset: batch per rank, seq len, checkpoint every, --signal-after, probe MiB, budgets (s) per phase.
 PROFILES = {
-    "1b": dict(batch=8, seq_len=2048, every=40, after=3, probe_mb=4096, budget=(90, 150, 150, 200, 200, 240)),
-    "tiny": dict(batch=2, seq_len=64, every=4, after=2, probe_mb=64, budget=(30, 60, 60, 90, 120, 120)),
+    "1b": dict(
+        batch=8,
+        seq_len=2048,
+        every=40,
+        after=3,
+        probe_mb=4096,
+        budget=(90, 150, 150, 200, 200, 200, 240, 240),
+    ),
+    "tiny": dict(
+        batch=2, seq_len=64, every=4, after=2, probe_mb=64, budget=(30, 60, 60, 90, 90, 120, 120, 120)
+    ),
 }
 
 

@@ -15,6 +15,11 @@ breakdown, on three paths in one run, next to the machine's limits measured in t
                first torchrun compiles from scratch and the replacement finds the cache warm
   spare_compile  the spare path with --compile: the spare compiles after it joins, from the cache the preempted
                worker filled (as the trainer keeps it next to the checkpoints)
+  notice       the replacement path without a spare, in the operator's order: the replacement's launcher starts
+               with the signal (the operator creates the replacement pod once the lost one is deleting), imports
+               and waits in the rendezvous while the preempted worker saves; otherwise as the spare path. A real
+               cluster adds the pod's scheduling, a free node and the image pull, which this bench does not model
+  notice_compile  the notice path with --compile
   limits       the checkpoint medium's parallel cold-read bandwidth (page cache dropped) and /dev/shm's, so a
                load reads as "X of the medium's bandwidth" (bench/recovery_limits.py)
 
@@ -242,12 +247,16 @@ class Bench:
         )
         return result
 
-    def spare(self, phase: str, deadline: float, *, compile: bool = False) -> dict:
+    def spare(self, phase: str, deadline: float, *, compile: bool = False, at_notice: bool = False) -> dict:
         """The replacement path with a warm spare (spec.workers.spares: 1): a second launcher joins the rendezvous
         (a TCPStore server in this process, the coordinator's role) once the first trains, and waits in c10d's
         redundancy list with torch and the trainer imported; SIGTERM to the first: its stop save commits durably,
         its agent leaves the round, and the spare's round forms and forks its worker. The spare is a new node: its
-        own memory folder, and the stop save's files leave the page cache as soon as they are committed."""
+        own memory folder, and the stop save's files leave the page cache as soon as they are committed.
+
+        at_notice: no spare (spec.workers.spares: 0); the replacement's launcher starts together with the signal,
+        as the operator creates the replacement pod once the lost one is deleting (planner/children.py), and
+        imports and joins the rendezvous while the preempted worker saves."""
         from torch.distributed import TCPStore
 
         ckpt = Path(self.args.workdir) / phase / "ckpt"
@@ -264,13 +273,21 @@ class Bench:
             phase, "preempted", ckpt, compile=compile, memory=self.memory(phase, "preempted"), rdzv=rdzv
         )
         self.wait(old, lambda evs: of(evs, contract.EVENT_FIRST_STEP, rank=0), deadline, "training")
-        new = self.torchrun(
-            phase, "spare", ckpt, compile=compile, memory=self.memory(phase, "spare"), rdzv=rdzv
-        )
-        self.wait(new, lambda _: new.proc.pid in waiting_agents(store, run_id), deadline, "the spare waiting")
+        name = "replacement" if at_notice else "spare"
+        if not at_notice:
+            new = self.torchrun(
+                phase, name, ckpt, compile=compile, memory=self.memory(phase, name), rdzv=rdzv
+            )
+            self.wait(
+                new, lambda _: new.proc.pid in waiting_agents(store, run_id), deadline, "the spare waiting"
+            )
         self.signal_point(old, deadline)
         sent = time.time()
         old.proc.send_signal(signal.SIGTERM)
+        if at_notice:
+            new = self.torchrun(
+                phase, name, ckpt, compile=compile, memory=self.memory(phase, name), rdzv=rdzv
+            )
         # the spare is another node: its reads must not hit this machine's page cache. A global drop after the
         # commit took ~1 s and could end after the spare started reading, so the stop save's pages are evicted
         # while it writes (each file's pages once fsynced) and once more, all of them, at its commit.
@@ -293,6 +310,7 @@ class Bench:
         built = next(r["since_signal_s"] for r in result["breakdown"] if r["moment"] == "model_built")
         return result | {
             "page_cache": cache,
+            "launched_s": round(new.launched_at - signal_at, 3) if at_notice else None,
             "cache_dropped_s": round(dropped - signal_at, 3),
             # the drop is only meaningful if it came before the spare read the checkpoint (after its model build)
             "cache_dropped_before_load": cache == "warm"
@@ -460,6 +478,8 @@ def main(argv: list[str] | None = None) -> int:
         "spare": bench.spare,
         "compile": lambda phase, deadline: bench.replacement(phase, deadline, compile=True),
         "spare_compile": lambda phase, deadline: bench.spare(phase, deadline, compile=True),
+        "notice": lambda phase, deadline: bench.spare(phase, deadline, at_notice=True),
+        "notice_compile": lambda phase, deadline: bench.spare(phase, deadline, compile=True, at_notice=True),
     }
     try:
         for phase in a.paths:

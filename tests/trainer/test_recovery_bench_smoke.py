@@ -32,7 +32,7 @@ def test_recovery_bench_smoke_breaks_down_each_path(procs, tmp_path):
     assert finish(p, 400) == 0, log_of(p)[-4000:]
     doc = json.loads((out / "results.json").read_text())
     # on a CPU the compile path only runs when asked for
-    assert list(doc["phases"]) == ["limits", "replacement", "survivor", "spare"]
+    assert list(doc["phases"]) == ["limits", "replacement", "survivor", "spare", "notice"]
     assert doc["config"]["launcher"] == "ftjob"  # as worker pods run (python -m ftjob_trainer.launch)
     assert doc["config"]["survivor_signal"] == "SIGUSR2"
 
@@ -42,34 +42,42 @@ def test_recovery_bench_smoke_breaks_down_each_path(procs, tmp_path):
     assert medium["cache_drop"] in ("drop_caches", "fadvise") and medium["cold_read_one_stream_gbps"] > 0
     assert "error" in limits["dev_shm"] or limits["dev_shm"]["read_parallel_gbps"] > 0, limits
 
-    for path in ("replacement", "survivor", "spare"):
+    for path in ("replacement", "survivor", "spare", "notice"):
         d = doc["phases"][path]
-        assert d["role"] == {"spare": "replacement"}.get(path, path), d  # a spare is a new pod
+        assert d["role"] == {"survivor": "survivor"}.get(path, "replacement"), d  # a spare is a new pod
         assert [row["moment"] for row in d["breakdown"]] == list(MOMENTS), d
         since = [row["since_signal_s"] for row in d["breakdown"]]
         assert None not in since and since == sorted(since), d["breakdown"]
         # the survivor hears the peer-stop signal (SIGUSR2): it stops because a peer goes away
-        reason = {"replacement": "preempted", "survivor": "peer-stopped", "spare": "preempted"}[path]
+        reason = "peer-stopped" if path == "survivor" else "preempted"
         assert d["total_s"] == since[-1] and d["stop_reasons"] == [reason], d
         assert d["stopped_at_step"] == [d["resumed_from_step"]] == [d["stop_save"]["step"]], d
         assert d["load_bytes"] > 0 and d["load_gbps"] > 0 and d["stop_save"]["kind"] == "stop", d
         assert d["load_tiers"] == ["durable"], d  # no --memory-tier here: every save and load is durable
     assert doc["phases"]["replacement"]["page_cache"] in ("drop_caches", "fadvise")
-    spare = doc["phases"]["spare"]
-    # the spare waited in the rendezvous; it read the checkpoint after its page cache was dropped
-    assert spare["page_cache"] in ("drop_caches", "fadvise"), spare
-    assert spare["cache_dropped_before_load"] is True, spare
+    for path in ("spare", "notice"):
+        d = doc["phases"][path]
+        # the replacement waited in the rendezvous; it read the checkpoint after its page cache was dropped
+        assert d["page_cache"] in ("drop_caches", "fadvise"), d
+        assert d["cache_dropped_before_load"] is True, d
+    # the spare's launcher started before the signal; the notice path's with it, before the preempted one exited
+    assert doc["phases"]["spare"]["launched_s"] is None
+    notice = doc["phases"]["notice"]
+    exited = next(r["since_signal_s"] for r in notice["breakdown"] if r["moment"] == "exited")
+    assert 0 <= notice["launched_s"] < exited, notice
     assert set(doc["goals"]) == {
         "survivor: signal -> first step <= 12 s",
         "replacement: signal -> first step <= 20 s",
         "spare: signal -> first step <= 20 s",
+        "notice: signal -> first step <= 20 s",
         "compile: signal -> first step <= 30 s",
         "spare_compile: signal -> first step <= 30 s",
+        "notice_compile: signal -> first step <= 30 s",
         "replacement: load >= 0.8 x the medium's parallel cold read",
         "survivor: load from the memory tier >= 8 GB/s",
     }
     assert all(g["met"] is None for g in doc["goals"].values())  # the goals are the H200's with the 1b preset
     md = (out / "results.md").read_text()
-    assert all(f"| {path} | 0.00 |" in md for path in ("replacement", "survivor", "spare")), md
+    assert all(f"| {path} | 0.00 |" in md for path in ("replacement", "survivor", "spare", "notice")), md
     assert (out / "replacement" / "replacement.log").exists() and (out / "survivor" / "survivor.log").exists()
     assert not any(work.rglob("*.distcp")), "the checkpoints of each phase are removed after it"
