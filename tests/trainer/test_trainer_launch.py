@@ -32,8 +32,8 @@ PROBE = """
 import json, os, pathlib, sys, time
 warm = "torch" in sys.modules
 restart, rank = os.environ["TORCHELASTIC_RESTART_COUNT"], os.environ["RANK"]
-print(json.dumps({"probe": rank, "warm": warm, "argv": sys.argv[1:], "restart": restart, "main": __name__}),
-      flush=True)
+print(json.dumps({"probe": rank, "warm": warm, "argv": sys.argv[1:], "restart": restart, "main": __name__,
+                  "time": time.time()}), flush=True)
 here = pathlib.Path(os.environ["PROBE_DIR"])
 (here / f"seen-{restart}-{rank}").touch()
 if restart == "0":
@@ -52,9 +52,13 @@ def test_the_forkserver_preloads_the_trainer_only_when_it_is_the_program():
     builtin = launch.preload_modules(["--nnodes=1:2", "-m", "ftjob_trainer.train", "--steps", "5"])
     custom = launch.preload_modules(["--nnodes=1:2", "/app/train.py", "-m", "ftjob_trainer.train"])
     common = [launch.FORKSERVER_FIRST, launch.WORKER_ENTRY, "torch", "torch.distributed"]
-    assert builtin == [*common, "torch._dynamo", "ftjob_trainer.train", "ftjob_trainer.models"]
+    trainer = ["torch._dynamo", "ftjob_trainer.train", "ftjob_trainer.models"]
+    assert builtin == [*common, *trainer, launch.FORKSERVER_LAST]  # the last one says the imports are done
     # a script's own "-m x" argument is still a pair: it warms the trainer too, harmlessly; no -m at all does not
-    assert launch.preload_modules(["--standalone", "/app/train.py", "--lr", "1"]) == common
+    assert launch.preload_modules(["--standalone", "/app/train.py", "--lr", "1"]) == [
+        *common,
+        launch.FORKSERVER_LAST,
+    ]
     assert custom[: len(common)] == common
 
 
@@ -180,6 +184,17 @@ def test_workers_start_with_torch_imported_and_exit_codes_restart_them(procs, tm
     # exit 75 restarted both ranks once, as torchrun restarts them; every worker found torch imported iff warm
     assert seen == [(r, rank, warm, "__main__") for r in "01" for rank in "01"], log_of(p)[-3000:]
     assert all(d["argv"] == ["--flag", "x"] for d in probes(p))
+    # the launcher's start-up as events: its agent's imports, its forkserver's (warm only), one round per start
+    evs = events_of(p)
+    names = [e["event"] for e in evs]
+    (ready,) = [e for e in evs if e["event"] == "launcher_ready"]
+    assert ready["warm"] is warm and ready["rank"] is None and ready["since_start_s"] > 0, ready
+    assert names.count("warm_imports_done") == int(warm) and names.count("round_formed") == 2, names
+    # the agent imports, then joins; a worker starts after its round formed, a warm one after the forkserver's imports
+    first_round = min(e["time"] for e in evs if e["event"] == "round_formed")
+    first_worker = min(d["time"] for d in probes(p))
+    assert ready["time"] < first_round < first_worker, (ready, first_round, first_worker)
+    assert all(e["time"] < first_worker for e in evs if e["event"] == "warm_imports_done"), evs
 
 
 @pytest.mark.slow

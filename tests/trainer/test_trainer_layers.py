@@ -33,6 +33,7 @@ LAYERS = {
     "warm_worker": 0,
     "warm_forkserver": 0,
     "events": 1,
+    "warm_imported": 2,  # emits an event at import
     "preemption": 1,
     "progress": 1,
     "shard_io": 1,

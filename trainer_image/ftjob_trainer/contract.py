@@ -179,6 +179,13 @@ EVENT_RENDEZVOUS_LEFT = "rendezvous_left"
 # the launcher's agent (ftjob_trainer.launch; rank null) left its c10d rendezvous: why (LEFT_STOP_COMMITTED: its
 # preempted worker's stop checkpoint is durable; else the stop signal's name, at the agent's exit), seconds
 LEFT_STOP_COMMITTED = "stop-committed"
+# The launcher's start-up (ftjob_trainer.launch; rank null), so a replacement's path to its first worker reads as
+# its parts: the agent's imports, the forkserver's imports, the round.
+EVENT_LAUNCHER_READY = (
+    "launcher_ready"  # its agent imported torchrun: since_start_s, warm (a forkserver preloads)
+)
+EVENT_WARM_IMPORTS_DONE = "warm_imports_done"  # its forkserver imported what workers need: since_start_s
+EVENT_ROUND_FORMED = "round_formed"  # its agent's rendezvous round formed: seconds (from asking to joined)
 # What a save is for (the "kind" of checkpoint events)
 KIND_PERIODIC, KIND_REQUEST, KIND_STOP, KIND_FINAL = "periodic", "request", "stop", "final"
 TIER_DURABLE = "durable"  # the checkpoint volume
@@ -203,6 +210,9 @@ EVENTS = (
     EVENT_FENCED,
     EVENT_EXIT,
     EVENT_RENDEZVOUS_LEFT,
+    EVENT_LAUNCHER_READY,
+    EVENT_WARM_IMPORTS_DONE,
+    EVENT_ROUND_FORMED,
 )
 _EVENT_MARK = '{"event": '
 

@@ -69,6 +69,7 @@ EXIT_BARRIER_SECONDS = 30.0
 BUILTIN_TRAINER = "ftjob_trainer.train"
 WORKER_ENTRY = "ftjob_trainer.warm_worker"
 FORKSERVER_FIRST = "ftjob_trainer.warm_forkserver"  # its own session: pod-wide signals do not reach it
+FORKSERVER_LAST = "ftjob_trainer.warm_imported"  # says the forkserver's imports are done (an event)
 LEAVE_SECONDS = 5.0  # the most a stopped agent spends leaving (a store round trip or two)
 COMMITTED_POLL_SECONDS = 0.05  # how often the agent looks for its worker's FTJOB_STOP_COMMITTED_FILE
 C10D_POLL_SECONDS = 1.0  # c10d's delay between reads of the state while it waits, and its state cache
@@ -93,7 +94,7 @@ def preload_modules(argv: list[str]) -> list[str]:
     pairs = zip(argv[:-1], argv[1:], strict=True)
     if any(a in ("-m", "--module") and b == BUILTIN_TRAINER for a, b in pairs):
         modules += ["torch._dynamo", BUILTIN_TRAINER, "ftjob_trainer.models"]
-    return modules
+    return [*modules, FORKSERVER_LAST]
 
 
 def start_forkserver(modules: list[str]) -> None:
@@ -213,6 +214,15 @@ def tuned_handlers(get_handler: Callable, into: list) -> Callable:
         seconds = poll_seconds(int(getattr(params, "max_nodes", 1) or 1))
         if poll_faster_while_forming(handler, seconds):
             log.info("rendezvous: polling every %.2fs while a round forms", seconds)
+        next_rendezvous = handler.next_rendezvous
+
+        def next_round(*args: Any, **kwargs: Any) -> Any:
+            started = time.monotonic()
+            joined = next_rendezvous(*args, **kwargs)
+            events.emit(contract.EVENT_ROUND_FORMED, seconds=round(time.monotonic() - started, 4))
+            return joined
+
+        handler.next_rendezvous = next_round
         return handler
 
     return get
@@ -353,6 +363,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from torch.distributed.elastic.rendezvous import registry
 
     _log_to_stderr()
+    events.emit(contract.EVENT_LAUNCHER_READY, since_start_s=round(events.since_start(), 4), warm=warm)
     if not knows_flag(torchrun.get_args_parser(), "--shutdown-timeout"):
         argv, seconds = without_shutdown_flag(argv)
         if seconds is not None:
