@@ -311,6 +311,7 @@ class Bench:
         return result | {
             "page_cache": cache,
             "launched_s": round(new.launched_at - signal_at, 3) if at_notice else None,
+            "launcher": launcher_moments(new.events, signal_at),
             "cache_dropped_s": round(dropped - signal_at, 3),
             # the drop is only meaningful if it came before the spare read the checkpoint (after its model build)
             "cache_dropped_before_load": cache == "warm"
@@ -390,6 +391,21 @@ class Bench:
             "checkpoint_medium": recovery_limits.medium(Path(a.workdir) / "probe", a.probe_mb, threads),
             "dev_shm": recovery_limits.shm(a.probe_mb, threads),
         }
+
+
+def launcher_moments(events: list[dict], signal_at: float) -> dict:
+    """The replacement launcher's start-up, seconds after the signal (negative: before it, a spare's): its agent's
+    imports, its forkserver's, and the last round it joined."""
+
+    def last(name: str) -> float | None:
+        found = of(events, name)
+        return round(found[-1]["time"] - signal_at, 3) if found else None
+
+    return {
+        "agent_imported_s": last(contract.EVENT_LAUNCHER_READY),
+        "forkserver_imported_s": last(contract.EVENT_WARM_IMPORTS_DONE),
+        "round_formed_s": last(contract.EVENT_ROUND_FORMED),
+    }
 
 
 def evict_until(ckpt: Path, done: threading.Event, every_s: float = 0.1) -> None:

@@ -145,6 +145,12 @@ def markdown(result: dict, remarks: list[str] | None = None) -> str:
                 )
             if d.get("launched_s") is not None:
                 notes.append(f"the replacement's launcher started {d['launched_s']:.2f} s after the signal")
+            if d.get("launcher"):
+                up = d["launcher"]
+                notes.append(
+                    f"its agent had imported torch at {_s(up['agent_imported_s'])} s, its forkserver the trainer at "
+                    f"{_s(up['forkserver_imported_s'])} s, and its round formed at {_s(up['round_formed_s'])} s"
+                )
             if d.get("cache_dropped_s") is not None:
                 before = "before" if d.get("cache_dropped_before_load") else "NOT before"
                 notes.append(

@@ -65,6 +65,11 @@ def test_recovery_bench_smoke_breaks_down_each_path(procs, tmp_path):
     notice = doc["phases"]["notice"]
     exited = next(r["since_signal_s"] for r in notice["breakdown"] if r["moment"] == "exited")
     assert 0 <= notice["launched_s"] < exited, notice
+    # its launcher's start-up, in order: the agent's imports, then its round (after the preempted agent left it)
+    up = notice["launcher"]
+    assert notice["launched_s"] < up["agent_imported_s"] < up["round_formed_s"], up
+    assert notice["launched_s"] < up["forkserver_imported_s"], up
+    assert doc["phases"]["spare"]["launcher"]["agent_imported_s"] < 0  # a spare imported before the signal
     assert set(doc["goals"]) == {
         "survivor: signal -> first step <= 12 s",
         "replacement: signal -> first step <= 20 s",
