@@ -510,9 +510,10 @@ def main(argv: list[str] | None = None) -> int:
                 for launch in bench.launches:
                     launch.stop()
                 bench.launches.clear()
-                shutil.rmtree(
-                    a.workdir / phase, ignore_errors=True
-                )  # tens of GB at 1b: free them for the next
+                # tens of GB at 1b, on disk and in /dev/shm (RAM): free them for the next phase
+                shutil.rmtree(a.workdir / phase, ignore_errors=True)
+                if a.memory_tier:
+                    shutil.rmtree(Path(a.memory_tier) / phase, ignore_errors=True)
             doc["phase_s"] = round(time.monotonic() - started, 2)
             result["phases"][phase] = doc
             print(f"{phase}: {json.dumps(doc)}", flush=True)
