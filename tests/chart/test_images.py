@@ -312,7 +312,7 @@ def test_trainer_install_steps_keep_the_base_images_torch(tmp_path):
     env.setdefault("PIP_FIND_LINKS", "/opt/wheels")
     # The base image: torch already installed (the CPU build here, the CUDA build in pytorch/pytorch).
     subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", f"torch=={TORCH_VERSION}"],
+        [str(python), "-m", "pip", "install", "-q", "--no-compile", f"torch=={TORCH_VERSION}"],
         env=env,
         check=True,
         timeout=900,
