@@ -38,6 +38,9 @@ torch < 2.12's torchrun has no --shutdown-timeout (its agent gives workers a fix
 signal, before SIGKILL): there the launcher drops the flag and gives the agent's close of its workers that timeout
 instead, so the operator's save deadline holds on the GPU image's torch 2.11 too.
 
+Its start-up as events (contract.py): launcher_ready (the agent's imports), warm_imports_done (the forkserver's) and
+round_formed (each round the agent joined), so a replacement's path to its first worker reads as its parts.
+
 These reach into torchrun's internals (its config_from_args, the rendezvous registry, c10d's exit operation, its
 poll delay and state cache); each is feature-detected and leaves torchrun's plain behaviour where a torch version
 lacks what it uses.
