@@ -144,7 +144,9 @@ def markdown(result: dict, remarks: list[str] | None = None) -> str:
                     f"{d['torchrun_launched_s']:.2f} s (page cache drop {d['cache_drop_s']:.2f} s)"
                 )
             if d.get("launched_s") is not None:
-                notes.append(f"the replacement's launcher started {d['launched_s']:.2f} s after the signal")
+                notes.append(
+                    f"the replacement's launcher started {round(d['launched_s'], 2) + 0.0:.2f} s after the signal"
+                )
             if d.get("launcher"):
                 up = d["launcher"]
                 notes.append(
