@@ -297,6 +297,56 @@ def test_a_stopped_agent_leaves_the_rendezvous_and_the_survivor_goes_on_without_
     wait_for(resumed_alone, timeout=300, proc=agents["b"], what="the survivor training alone after the save")
 
 
+def _waiting_pids(store_port: int, run_id: str) -> set[int]:
+    """The agents (by pid) c10d's shared state holds as waiting: its wait list and redundancy list (spares)."""
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    store = TCPStore("127.0.0.1", store_port, is_master=False, wait_for_workers=False)
+    got = C10dRendezvousBackend(store, run_id).get_state()
+    state = pickle.loads(got[0]) if got else None
+    return {n.pid for n in state.wait_list | getattr(state, "redundancy_list", set())} if state else set()
+
+
+@pytest.mark.slow
+def test_a_spare_left_out_when_the_job_ends_neither_fails_nor_succeeds_it(procs, tmp_path):
+    """One node's job with a warm spare waiting in the rendezvous. The job ends (exit 0) and closes the
+    rendezvous: torchrun's own agent would exit 1 there, a failure the operator read before the finished pod's 0
+    and restarted a job that had succeeded. The spare says why and waits until a signal ends it."""
+    _, ports = start_coordinator(procs, "t0ken")
+    run_id = "job-spare-left-out"
+    rdzv = [
+        "--nnodes=1:1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{ports['storePort']}",
+        f"--rdzv-id={run_id}",
+        "--rdzv-conf=is_host=0,last_call_timeout=1,join_timeout=600",
+    ]
+    env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    report = tmp_path / "a.json"
+    args = [*TINY, "--steps", "40", "--report", str(report)]
+    a = procs.launch(
+        [*args, "--checkpoint-dir", str(tmp_path / "ckpt")], name="a", nproc=1, env=env, rdzv=rdzv
+    )
+    wait_for(lambda: report_step(report) >= 1, timeout=240, proc=a, what="the job training")
+    spare = procs.launch(args, name="spare", nproc=1, env=env, rdzv=rdzv)
+    wait_for(
+        lambda: spare.pid in _waiting_pids(ports["storePort"], run_id),
+        timeout=120,
+        proc=spare,
+        what="the spare waiting in the rendezvous",
+    )
+    assert report_step(report) < 40, "the job ended before the spare waited: nothing was tested"
+    assert finish(a) == 0, log_of(a)[-3000:]
+    closed = lambda: [e for e in events_of(spare) if e["event"] == "rendezvous_closed"]  # noqa: E731
+    wait_for(closed, timeout=60, proc=spare, what="the spare learning that the rendezvous closed")
+    assert spare.poll() is None, log_of(spare)[-3000:]  # still there: no exit code speaks for the job
+    assert not [e for e in events_of(spare) if e["event"] == "process_started"]  # it never ran a worker
+    os.kill(spare.pid, signal.SIGTERM)
+    assert finish(spare) == -signal.SIGTERM
+    assert "Traceback" not in log_of(spare), log_of(spare)[-3000:]
+
+
 # A worker that stops like a preempted trainer: on SIGTERM it says its stop checkpoint is committed (the file the
 # launcher named), then holds until released, as a trainer's teardown would, and exits 75.
 COMMIT_THEN_HOLD = """

@@ -185,6 +185,10 @@ EVENT_LAUNCHER_READY = (
     "launcher_ready"  # its agent imported torchrun: since_start_s, warm (a forkserver preloads)
 )
 EVENT_WARM_IMPORTS_DONE = "warm_imports_done"  # its forkserver imported what workers need: since_start_s
+EVENT_RENDEZVOUS_CLOSED = "rendezvous_closed"
+# the launcher's agent waited as a spare (c10d's redundancy list) and the rendezvous closed: the job's workers ended
+# (done, or failed). It neither succeeds nor fails for the job: it waits until a signal ends it (the operator
+# removes it with the job's pods)
 EVENT_ROUND_FORMED = "round_formed"  # its agent's rendezvous round formed: seconds (from asking to joined)
 # What a save is for (the "kind" of checkpoint events)
 KIND_PERIODIC, KIND_REQUEST, KIND_STOP, KIND_FINAL = "periodic", "request", "stop", "final"
@@ -213,6 +217,7 @@ EVENTS = (
     EVENT_LAUNCHER_READY,
     EVENT_WARM_IMPORTS_DONE,
     EVENT_ROUND_FORMED,
+    EVENT_RENDEZVOUS_CLOSED,
 )
 _EVENT_MARK = '{"event": '
 

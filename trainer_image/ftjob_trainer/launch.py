@@ -38,6 +38,14 @@ torch < 2.12's torchrun has no --shutdown-timeout (its agent gives workers a fix
 signal, before SIGKILL): there the launcher drops the flag and gives the agent's close of its workers that timeout
 instead, so the operator's save deadline holds on the GPU image's torch 2.11 too.
 
+A spare left out when its job's world ends waits to be removed. An agent waiting in c10d's redundancy list (a warm
+spare, or a replacement that found the round full) learns that the rendezvous closed when the agents of the round
+end without a signal: after the job's last step, or after their workers failed. torchrun's agent then returns no
+result and torchrun itself fails on that (exit 1), which the operator reads as a worker failure and can read before
+the finished pods' exit 0: a job that succeeded was restarted. The spare cannot tell success from failure, and
+either exit code would speak for the job, so it says why in an event (rendezvous_closed) and waits for the operator,
+which removes it with the job's other pods, or for any signal.
+
 Its start-up as events (contract.py): launcher_ready (the agent's imports), warm_imports_done (the forkserver's) and
 round_formed (each round the agent joined), so a replacement's path to its first worker reads as its parts.
 
@@ -53,6 +61,7 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -345,6 +354,26 @@ def close_workers_within(seconds: int) -> bool:
     return True
 
 
+# ================================================================================================ a spare left out
+def wait_when_left_out(run: Callable) -> Callable:
+    """torchrun's agent's run, waiting until a signal ends this process where it returns no result (this agent was
+    in the redundancy list when the rendezvous closed: torch's RendezvousGracefulExitError)."""
+
+    def run_or_wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = run(self, *args, **kwargs)
+        if result is None:
+            events.emit(contract.EVENT_RENDEZVOUS_CLOSED)
+            log.info(
+                "the rendezvous closed while this agent waited as a spare (the job's workers ended): waiting to be "
+                "removed with the job's pods; any signal ends it"
+            )
+            while True:
+                signal.pause()
+        return result
+
+    return run_or_wait
+
+
 # ================================================================================================ main
 def _log_to_stderr() -> None:
     handler = logging.StreamHandler(sys.stderr)
@@ -362,6 +391,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if warm:
         start_forkserver(preload_modules(argv))  # before our own imports: the two import side by side
     from torch.distributed import run as torchrun
+    from torch.distributed.elastic.agent.server import api as agents
     from torch.distributed.elastic.multiprocessing import api as processes
     from torch.distributed.elastic.rendezvous import registry
 
@@ -383,6 +413,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         getattr(processes, "logger", logging.getLogger(processes.__name__)).addFilter(
             WorkerExitWithoutTraceback()
         )
+    if hasattr(agents, "SimpleElasticAgent"):
+        agents.SimpleElasticAgent.run = wait_when_left_out(agents.SimpleElasticAgent.run)
     if hasattr(registry, "get_rendezvous_handler"):
         registry.get_rendezvous_handler = tuned_handlers(registry.get_rendezvous_handler, handlers)
     if leaving:
