@@ -49,7 +49,7 @@ which removes it with the job's other pods, or for any signal.
 Its start-up as events (contract.py): launcher_ready (the agent's imports), warm_imports_done (the forkserver's) and
 round_formed (each round the agent joined), so a replacement's path to its first worker reads as its parts.
 
-These reach into torchrun's internals (its config_from_args, the rendezvous registry, c10d's exit operation, its
+These reach into torchrun's internals (its config_from_args, its agent's run, the rendezvous registry, c10d's exit operation, its
 poll delay and state cache); each is feature-detected and leaves torchrun's plain behaviour where a torch version
 lacks what it uses.
 """
