@@ -311,7 +311,7 @@ class Bench:
         return result | {
             "page_cache": cache,
             "launched_s": round(new.launched_at - signal_at, 3) if at_notice else None,
-            "launcher": launcher_moments(new.events, signal_at),
+            "launcher": launcher_moments(new.events, signal_at) | preempted_left(old.events, signal_at),
             "cache_dropped_s": round(dropped - signal_at, 3),
             # the drop is only meaningful if it came before the spare read the checkpoint (after its model build)
             "cache_dropped_before_load": cache == "warm"
@@ -405,6 +405,16 @@ def launcher_moments(events: list[dict], signal_at: float) -> dict:
         "agent_imported_s": last(contract.EVENT_LAUNCHER_READY),
         "forkserver_imported_s": last(contract.EVENT_WARM_IMPORTS_DONE),
         "round_formed_s": last(contract.EVENT_ROUND_FORMED),
+    }
+
+
+def preempted_left(events: list[dict], signal_at: float) -> dict:
+    """When the preempted launcher's agent left the rendezvous (after its stop commit), seconds after the signal:
+    the round the replacement waits for can form from then on."""
+    left = of(events, contract.EVENT_RENDEZVOUS_LEFT)
+    return {
+        "preempted_left_s": round(left[0]["time"] - signal_at, 3) if left else None,
+        "preempted_left_why": left[0].get("why") if left else None,
     }
 
 

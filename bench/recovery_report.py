@@ -152,6 +152,12 @@ def markdown(result: dict, remarks: list[str] | None = None) -> str:
                 notes.append(
                     f"its agent had imported torch at {_s(up['agent_imported_s'])} s, its forkserver the trainer at "
                     f"{_s(up['forkserver_imported_s'])} s, and its round formed at {_s(up['round_formed_s'])} s"
+                    + (
+                        f", the preempted agent having left the rendezvous at {_s(up['preempted_left_s'])} s "
+                        f"({up.get('preempted_left_why')})"
+                        if up.get("preempted_left_s") is not None
+                        else ""
+                    )
                 )
             if d.get("cache_dropped_s") is not None:
                 before = "before" if d.get("cache_dropped_before_load") else "NOT before"
