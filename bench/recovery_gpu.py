@@ -38,10 +38,8 @@ DIR/results.md (bench/recovery_report.py), the trainer logs under DIR/<phase>/.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import pickle
 import platform
 import shutil
 import signal
@@ -59,9 +57,16 @@ sys.path[:0] = [str(REPO / "trainer_image"), str(REPO / "localcluster")]  # this
 
 import recovery_limits  # noqa: E402
 from ftjob_local.procs import kill_tree  # noqa: E402
-from ftjob_local.timeline import analyze, breakdown_rows, of, pod_events  # noqa: E402
+from ftjob_local.timeline import of, pod_events  # noqa: E402
 from ftjob_trainer import contract  # noqa: E402
 from recovery_args import LAUNCHERS, parse_args  # noqa: E402
+from recovery_events import (  # noqa: E402
+    breakdown,
+    durable_stop_commit,
+    launcher_moments,
+    preempted_left,
+    waiting_agents,
+)
 from recovery_report import goals, markdown  # noqa: E402
 
 
@@ -234,7 +239,7 @@ class Bench:
         )
         self.first_step_after(new, None, deadline)
         new.stop()
-        result = self.breakdown(old.events + new.events, sent)
+        result = breakdown(old.events + new.events, sent)
         signal_at = result["signal_received_at"] or sent
         result.update(
             page_cache=cache,
@@ -278,8 +283,15 @@ class Bench:
             new = self.torchrun(
                 phase, name, ckpt, compile=compile, memory=self.memory(phase, name), rdzv=rdzv
             )
+            # a spare is warm: it waits in the rendezvous and (ftjob's launcher) its forkserver has imported
             self.wait(
-                new, lambda _: new.proc.pid in waiting_agents(store, run_id), deadline, "the spare waiting"
+                new,
+                lambda evs: (
+                    (self.args.launcher != "ftjob" or of(evs, contract.EVENT_WARM_IMPORTS_DONE))
+                    and new.proc.pid in waiting_agents(store, run_id)
+                ),
+                deadline,
+                "the spare waiting, imported",
             )
         self.signal_point(old, deadline)
         sent = time.time()
@@ -293,7 +305,7 @@ class Bench:
         # while it writes (each file's pages once fsynced) and once more, all of them, at its commit.
         evicting = threading.Event()
         if not self.args.warm_cache:
-            threading.Thread(target=evict_until, args=(ckpt, evicting), daemon=True).start()
+            threading.Thread(target=recovery_limits.evict_until, args=(ckpt, evicting), daemon=True).start()
         self.wait(old, lambda evs: durable_stop_commit(evs), deadline, "the stop save's durable commit")
         evicting.set()
         cache = "warm"
@@ -305,7 +317,7 @@ class Bench:
         new.stop()
         exit_code = old.proc.wait(timeout=60)
         old.poll()  # its events after the durable commit (its exit), for the breakdown
-        result = self.breakdown(old.events + new.events, sent)
+        result = breakdown(old.events + new.events, sent)
         signal_at = result["signal_received_at"] or sent
         built = next(r["since_signal_s"] for r in result["breakdown"] if r["moment"] == "model_built")
         return result | {
@@ -332,57 +344,7 @@ class Bench:
         os.kill(worker, getattr(signal, self.args.survivor_signal))
         self.first_step_after(run, worker, deadline)
         run.stop()
-        return {**self.breakdown(run.events, sent), "page_cache": "warm (same machine, not dropped)"}
-
-    def breakdown(self, events: list[dict], sent: float) -> dict:
-        """The recovery of the resume that followed the signal, from the events of its launches."""
-        resumes = [r for r in analyze(events).resumes if r.t_loaded > sent]
-        if not resumes or not resumes[0].pods:
-            raise RuntimeError("no resume after the signal in the trainer's events")
-        r = resumes[0]
-        rec = r.pods[0]
-        rows = breakdown_rows(rec)
-        return {
-            "role": rec.role,
-            "signal_received_at": r.t_signal,
-            "signal_sent_to_received_s": None if r.t_signal is None else round(r.t_signal - sent, 3),
-            "stopped_at_step": r.stop_steps,
-            "stop_reasons": r.stop_reasons,
-            "resumed_from_step": r.from_step,
-            "breakdown": [
-                {"moment": m, "since_signal_s": _r(since), "since_previous_s": _r(step)}
-                for m, since, step in rows
-            ],
-            "total_s": _r(rec.total()),
-            "load_bytes": rec.load_bytes,
-            "load_seconds": _r(rec.load_seconds),
-            "load_gbps": _r(rec.load_gbps),
-            # where the resume's files came from (contract.TIER_*), one entry per rank
-            "load_tiers": sorted(
-                {e.get("tier") for e in of(events, contract.EVENT_CHECKPOINT_LOADED) if e["time"] > sent}
-                - {None}
-            ),
-            "stop_save": self.stop_save(events, r.stop_steps),
-        }
-
-    @staticmethod
-    def stop_save(events: list[dict], steps: list[int]) -> dict | None:
-        """Rank 0's stop save: what it waited for, how long it took, how many bytes."""
-        started = [
-            e for e in of(events, contract.EVENT_CHECKPOINT_SAVE_STARTED, rank=0) if e.get("step") in steps
-        ]
-        committed = [e for e in of(events, contract.EVENT_CHECKPOINT_COMMITTED) if e.get("step") in steps]
-        if not committed:
-            return None
-        c = committed[-1]
-        return {
-            "step": c["step"],
-            "bytes": c.get("bytes"),
-            "seconds": c.get("seconds"),
-            "kind": c.get("kind"),
-            "waited_for_step": started[-1].get("waits_for") if started else None,
-            "started_to_committed_s": _r(c["time"] - started[-1]["time"]) if started else None,
-        }
+        return {**breakdown(run.events, sent), "page_cache": "warm (same machine, not dropped)"}
 
     def limits(self, phase: str, deadline: float) -> dict:  # noqa: ARG002 - every phase takes its deadline
         a = self.args
@@ -391,63 +353,6 @@ class Bench:
             "checkpoint_medium": recovery_limits.medium(Path(a.workdir) / "probe", a.probe_mb, threads),
             "dev_shm": recovery_limits.shm(a.probe_mb, threads),
         }
-
-
-def launcher_moments(events: list[dict], signal_at: float) -> dict:
-    """The replacement launcher's start-up, seconds after the signal (negative: before it, a spare's): its agent's
-    imports, its forkserver's, and the last round it joined."""
-
-    def last(name: str) -> float | None:
-        found = of(events, name)
-        return round(found[-1]["time"] - signal_at, 3) if found else None
-
-    return {
-        "agent_imported_s": last(contract.EVENT_LAUNCHER_READY),
-        "forkserver_imported_s": last(contract.EVENT_WARM_IMPORTS_DONE),
-        "round_formed_s": last(contract.EVENT_ROUND_FORMED),
-    }
-
-
-def preempted_left(events: list[dict], signal_at: float) -> dict:
-    """When the preempted launcher's agent left the rendezvous (after its stop commit), seconds after the signal:
-    the round the replacement waits for can form from then on."""
-    left = of(events, contract.EVENT_RENDEZVOUS_LEFT)
-    return {
-        "preempted_left_s": round(left[0]["time"] - signal_at, 3) if left else None,
-        "preempted_left_why": left[0].get("why") if left else None,
-    }
-
-
-def evict_until(ckpt: Path, done: threading.Event, every_s: float = 0.1) -> None:
-    while not done.wait(every_s):
-        with contextlib.suppress(OSError):  # a folder renamed (the commit) while it is walked
-            recovery_limits.evict(recovery_limits.checkpoint_files(ckpt))
-
-
-def waiting_agents(store, run_id: str) -> set[int]:
-    """The pids of the agents c10d's rendezvous state holds as waiting (its wait and redundancy lists)."""
-    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
-
-    got = C10dRendezvousBackend(store, run_id).get_state()
-    if got is None:
-        return set()
-    state = pickle.loads(got[0])
-    return {n.pid for n in state.wait_list | getattr(state, "redundancy_list", set())}
-
-
-def durable_stop_commit(events: list[dict]) -> dict | None:
-    return next(
-        (
-            e
-            for e in of(events, contract.EVENT_CHECKPOINT_COMMITTED)
-            if e.get("kind") == contract.KIND_STOP and e.get("tier") == contract.TIER_DURABLE
-        ),
-        None,
-    )
-
-
-def _r(x: float | None, digits: int = 3) -> float | None:
-    return None if x is None else round(x, digits)
 
 
 def machine(device: str) -> dict:

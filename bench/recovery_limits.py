@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -151,3 +152,10 @@ def shm(size_mb: int, threads: int, root: Path = Path("/dev/shm")) -> dict:
         "read_one_stream_gbps": _gbps(one, one_s),
         "read_parallel_gbps": _gbps(read, read_s),
     }
+
+
+def evict_until(ckpt: Path, done: threading.Event, every_s: float = 0.1) -> None:
+    """Evicts the checkpoint's files from the page cache every every_s until done: a new node reads them cold."""
+    while not done.wait(every_s):
+        with contextlib.suppress(OSError):  # a folder renamed (the commit) while it is walked
+            evict(checkpoint_files(ckpt))
