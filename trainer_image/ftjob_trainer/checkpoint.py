@@ -371,7 +371,10 @@ class Checkpointer:
         elif f.kind != KIND_STOP:  # after a stop save this process exits: the restarted worker copies
             folders = [] if f.direct else [memory_tier.RankFolder(self.rank, f.write_dir, files)]
             self.copies.start(f.step, f.tmp, f.meta, folders, f.started)
-        self._prune_memory(keep={f.step})
+        if (
+            f.kind != KIND_STOP
+        ):  # a stop's caller prunes once its launcher knows: deleting GBs of /dev/shm takes ~1 s
+            self.prune_memory(keep={f.step})
         log.info("checkpoint step %d saved (%s) at %s in %.2fs", f.step, tier, path, f.marks["done"])
         return f.step, path, f.request_id
 
@@ -385,7 +388,8 @@ class Checkpointer:
         """A preempted rank whose latest save is memory-committed: wait until the files its pod holds are durable."""
         return self.copies is None or self.copies.wait_own_files_durable(timeout)
 
-    def _prune_memory(self, keep: set[int]) -> None:
+    def prune_memory(self, keep: set[int]) -> None:
+        """Delete this pod's memory copies of every step but `keep`."""
         if self.local_rank == 0:  # one process per pod tidies the pod's memory folder
             memory_tier.prune(self.memory_root, keep)
 
@@ -418,5 +422,5 @@ class Checkpointer:
             for _, path in self.store.list_memory_committed():
                 if not loaded or path != loaded.path:
                     self.retention.discard(path)
-        self._prune_memory(keep)
+        self.prune_memory(keep)
         return loaded

@@ -124,9 +124,11 @@ class Stopping:
             )
         self.report.doc["preemption_saves"] += 1
         path = self.ckpt.save(step, meta(step, reason), kind=KIND_STOP, durable_now=preempted)
-        self.report.take_commits(self.ckpt)
-        if preempted:
+        if preempted:  # first: a replacement's round waits for this agent to leave
             self.tell_launcher_if_committed(step)
+        self.report.take_commits(self.ckpt)
+        if path is not None:  # what the save superseded, now that nobody waits on it
+            self.ckpt.prune_memory(keep={step})
         since = (
             f"{time.monotonic() - self.signals.at:.2f}s after the signal" if self.signals.at else "on request"
         )
