@@ -64,7 +64,9 @@ def test_recovery_bench_smoke_breaks_down_each_path(procs, tmp_path):
     assert doc["phases"]["spare"]["launched_s"] is None
     notice = doc["phases"]["notice"]
     exited = next(r["since_signal_s"] for r in notice["breakdown"] if r["moment"] == "exited")
-    assert 0 <= notice["launched_s"] < exited, notice
+    # launched_s counts from the trainer receiving the signal, which torchrun forwards: the bench sends the signal,
+    # then launches, and the launch can come a few ms before the worker hears it (CI saw -0.001)
+    assert notice["launched_s"] < exited, notice
     # its launcher's start-up, in order: the agent's imports, then its round (after the preempted agent left it)
     up = notice["launcher"]
     assert notice["launched_s"] < up["agent_imported_s"] < up["round_formed_s"], up

@@ -308,6 +308,17 @@ def _waiting_pids(store_port: int, run_id: str) -> set[int]:
     return {n.pid for n in state.wait_list | getattr(state, "redundancy_list", set())} if state else set()
 
 
+# A job's worker that runs until the test releases it, then ends the job with exit 0: the job cannot end before
+# the test has what it needs (a tiny trainer's 40 steps sometimes ended before a spare had joined).
+RUN_UNTIL_RELEASED = """
+import os, pathlib, sys, time
+pathlib.Path(os.environ["READY"]).touch()
+while not pathlib.Path(os.environ["RELEASE"]).exists():
+    time.sleep(0.05)
+sys.exit(0)
+"""
+
+
 @pytest.mark.slow
 def test_a_spare_left_out_when_the_job_ends_neither_fails_nor_succeeds_it(procs, tmp_path):
     """One node's job with a warm spare waiting in the rendezvous. The job ends (exit 0) and closes the
@@ -322,21 +333,19 @@ def test_a_spare_left_out_when_the_job_ends_neither_fails_nor_succeeds_it(procs,
         f"--rdzv-id={run_id}",
         "--rdzv-conf=is_host=0,last_call_timeout=1,join_timeout=600",
     ]
-    env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    report = tmp_path / "a.json"
-    args = [*TINY, "--steps", "40", "--report", str(report)]
-    a = procs.launch(
-        [*args, "--checkpoint-dir", str(tmp_path / "ckpt")], name="a", nproc=1, env=env, rdzv=rdzv
-    )
-    wait_for(lambda: report_step(report) >= 1, timeout=240, proc=a, what="the job training")
-    spare = procs.launch(args, name="spare", nproc=1, env=env, rdzv=rdzv)
+    script, ready, release = tmp_path / "worker.py", tmp_path / "ready", tmp_path / "release"
+    script.write_text(RUN_UNTIL_RELEASED)
+    env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "READY": str(ready), "RELEASE": str(release)}
+    a = procs.launch([], name="a", nproc=1, env=env, rdzv=rdzv, program=[str(script)])
+    wait_for(ready.exists, timeout=120, proc=a, what="the job's worker running")
+    spare = procs.launch([], name="spare", nproc=1, env=env, rdzv=rdzv, program=[str(script)])
     wait_for(
         lambda: spare.pid in _waiting_pids(ports["storePort"], run_id),
         timeout=120,
         proc=spare,
         what="the spare waiting in the rendezvous",
     )
-    assert report_step(report) < 40, "the job ended before the spare waited: nothing was tested"
+    release.touch()  # the job ends while the spare waits
     assert finish(a) == 0, log_of(a)[-3000:]
     closed = lambda: [e for e in events_of(spare) if e["event"] == "rendezvous_closed"]  # noqa: E731
     wait_for(closed, timeout=60, proc=spare, what="the spare learning that the rendezvous closed")
