@@ -61,16 +61,22 @@ def stop_save(events: list[dict], steps: list[int]) -> dict | None:
 
 def launcher_moments(events: list[dict], signal_at: float) -> dict:
     """The replacement launcher's start-up, seconds after the signal (negative: before it, a spare's): its agent's
-    imports, its forkserver's, and the last round it joined."""
+    imports, its forkserver's, the last round it joined, and its read-ahead."""
 
     def last(name: str) -> float | None:
         found = of(events, name)
         return round(found[-1]["time"] - signal_at, 3) if found else None
 
+    read = of(events, contract.EVENT_READ_AHEAD_DONE)
     return {
         "agent_imported_s": last(contract.EVENT_LAUNCHER_READY),
         "forkserver_imported_s": last(contract.EVENT_WARM_IMPORTS_DONE),
         "round_formed_s": last(contract.EVENT_ROUND_FORMED),
+        # its agent's read-ahead of the checkpoint (ftjob_trainer.read_ahead): when it ended, what it read
+        "read_ahead_done_s": last(contract.EVENT_READ_AHEAD_DONE),
+        "read_ahead_step": read[-1]["step"] if read else None,
+        "read_ahead_bytes": read[-1]["bytes"] if read else None,
+        "read_ahead_seconds": read[-1]["seconds"] if read else None,
     }
 
 

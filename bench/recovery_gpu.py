@@ -249,6 +249,7 @@ class Bench:
             torchrun_exited_s=round(old_exited - signal_at, 3),
             torchrun_launched_s=round(new.launched_at - signal_at, 3),
             preempted_torchrun_exit_code=old.proc.returncode,
+            launcher=launcher_moments(new.events, signal_at),
         )
         return result
 

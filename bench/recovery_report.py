@@ -159,6 +159,11 @@ def markdown(result: dict, remarks: list[str] | None = None) -> str:
                         else ""
                     )
                 )
+                if up.get("read_ahead_done_s") is not None:
+                    notes.append(
+                        f"its agent read ahead {up['read_ahead_bytes'] / 1e9:.2f} GB of step {up['read_ahead_step']} "
+                        f"in {up['read_ahead_seconds']:.2f} s, done at {_s(up['read_ahead_done_s'])} s"
+                    )
             if d.get("cache_dropped_s") is not None:
                 before = "before" if d.get("cache_dropped_before_load") else "NOT before"
                 notes.append(

@@ -190,6 +190,9 @@ EVENT_RENDEZVOUS_CLOSED = "rendezvous_closed"
 # (done, or failed). It neither succeeds nor fails for the job: it waits until a signal ends it (the operator
 # removes it with the job's pods)
 EVENT_ROUND_FORMED = "round_formed"  # its agent's rendezvous round formed: seconds (from asking to joined)
+EVENT_READ_AHEAD_DONE = "read_ahead_done"
+# its agent read the checkpoint the round's workers will load into the page cache (ftjob_trainer.read_ahead): step,
+# files, bytes, seconds (from the round), threads
 # What a save is for (the "kind" of checkpoint events)
 KIND_PERIODIC, KIND_REQUEST, KIND_STOP, KIND_FINAL = "periodic", "request", "stop", "final"
 TIER_DURABLE = "durable"  # the checkpoint volume
@@ -217,6 +220,7 @@ EVENTS = (
     EVENT_LAUNCHER_READY,
     EVENT_WARM_IMPORTS_DONE,
     EVENT_ROUND_FORMED,
+    EVENT_READ_AHEAD_DONE,
     EVENT_RENDEZVOUS_CLOSED,
 )
 _EVENT_MARK = '{"event": '

@@ -46,6 +46,9 @@ the finished pods' exit 0: a job that succeeded was restarted. The spare cannot 
 either exit code would speak for the job, so it says why in an event (rendezvous_closed) and waits for the operator,
 which removes it with the job's other pods, or for any signal.
 
+Reading ahead (FTJOB_READ_AHEAD). Once a round forms, the agent reads the checkpoint its workers will load into the
+node's page cache while they are forked and build their model (ftjob_trainer.read_ahead says what and why).
+
 Its start-up as events (contract.py): launcher_ready (the agent's imports), warm_imports_done (the forkserver's) and
 round_formed (each round the agent joined), so a replacement's path to its first worker reads as its parts.
 
@@ -56,6 +59,8 @@ lacks what it uses.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import multiprocessing
 import multiprocessing.forkserver
@@ -103,10 +108,17 @@ def preload_modules(argv: list[str]) -> list[str]:
     worker some imports, never a wrong program) also the trainer and what torch imports lazily on its way to a
     first step (torch._dynamo: FSDP2's first fully_shard imports it, 1.4-2.1 s on two cores)."""
     modules = [FORKSERVER_FIRST, WORKER_ENTRY, "torch", "torch.distributed"]
-    pairs = zip(argv[:-1], argv[1:], strict=True)
-    if any(a in ("-m", "--module") and b == BUILTIN_TRAINER for a, b in pairs):
+    if builtin_trainer_args(argv) is not None:
         modules += ["torch._dynamo", BUILTIN_TRAINER, "ftjob_trainer.models"]
     return [*modules, FORKSERVER_LAST]
+
+
+def builtin_trainer_args(argv: list[str]) -> list[str] | None:
+    """The built-in trainer's own arguments (after `-m ftjob_trainer.train`), or None for another program."""
+    for i, (a, b) in enumerate(zip(argv[:-1], argv[1:], strict=True)):
+        if a in ("-m", "--module") and b == BUILTIN_TRAINER:
+            return argv[i + 2 :]
+    return None
 
 
 def start_forkserver(modules: list[str]) -> None:
@@ -217,8 +229,11 @@ def leave(handler: Any, seconds: float = LEAVE_SECONDS) -> bool:
     return True
 
 
-def tuned_handlers(get_handler: Callable, into: list) -> Callable:
-    """The rendezvous registry's get_rendezvous_handler, keeping each handler (to leave it) and tuning its poll."""
+def tuned_handlers(
+    get_handler: Callable, into: list, on_round: Callable[[int, int], None] | None = None
+) -> Callable:
+    """The rendezvous registry's get_rendezvous_handler, keeping each handler (to leave it) and tuning its poll;
+    on_round(node rank, nodes) runs once each round formed."""
 
     def get(params: Any) -> Any:
         handler = get_handler(params)
@@ -232,12 +247,24 @@ def tuned_handlers(get_handler: Callable, into: list) -> Callable:
             started = time.monotonic()
             joined = next_rendezvous(*args, **kwargs)
             events.emit(contract.EVENT_ROUND_FORMED, seconds=round(time.monotonic() - started, 4))
+            node = node_of(joined)
+            if on_round is not None and node is not None:
+                on_round(*node)
             return joined
 
         handler.next_rendezvous = next_round
         return handler
 
     return get
+
+
+def node_of(joined: Any) -> tuple[int, int] | None:
+    """(this node's rank, nodes) of a round: a RendezvousInfo, or an older torch's (store, rank, world size)."""
+    if hasattr(joined, "rank") and hasattr(joined, "world_size"):
+        return int(joined.rank), int(joined.world_size)
+    if isinstance(joined, tuple) and len(joined) == 3:
+        return int(joined[1]), int(joined[2])
+    return None
 
 
 def leave_all(handlers: list, why: str) -> None:
@@ -383,6 +410,19 @@ def _log_to_stderr() -> None:
     log.propagate = False
 
 
+def reading_ahead(argv: list[str]) -> Any:
+    """The built-in trainer's read-ahead (ftjob_trainer.read_ahead), or None: switched off, another program, or no
+    local checkpoint folder. Its command line is parsed quietly: the worker says what is wrong with it."""
+    from ftjob_trainer import read_ahead  # imports torch: after the forkserver started
+
+    trainer_args = builtin_trainer_args(argv)
+    if trainer_args is None or not enabled(read_ahead.ENV_READ_AHEAD):
+        return None
+    with contextlib.redirect_stderr(io.StringIO()):
+        source = read_ahead.checkpoint_source(trainer_args)
+    return read_ahead.ReadAhead(*source) if source else None
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     handlers: list = []  # the rendezvous this agent joins (tuned_handlers fills it)
@@ -415,8 +455,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     if hasattr(agents, "SimpleElasticAgent"):
         agents.SimpleElasticAgent.run = wait_when_left_out(agents.SimpleElasticAgent.run)
+    reader = reading_ahead(argv)
     if hasattr(registry, "get_rendezvous_handler"):
-        registry.get_rendezvous_handler = tuned_handlers(registry.get_rendezvous_handler, handlers)
+        registry.get_rendezvous_handler = tuned_handlers(
+            registry.get_rendezvous_handler, handlers, reader.round_formed if reader else None
+        )
     if leaving:
         leaving.start()
     try:

@@ -1,0 +1,146 @@
+"""Read ahead (FTJOB_READ_AHEAD, ftjob_trainer.launch): once a round forms, the launcher's agent reads the checkpoint
+its new workers will load into this node's page cache, while those workers are still being forked, import and build
+their model. Their load then finds the bytes in memory instead of on the medium.
+
+Why: a replacement launched at the preemption signal (the notice path of bench/recovery_gpu.py) had its round
+formed right after the stop commit, but its forkserver finished importing torch and the trainer 1.9 s later on the
+H100 machine, and the worker's load of 11.4 GB then read at the medium's 1.5 GB/s: the disk sat idle for the
+imports. A new node reads the durable tier (a network file system in a cluster) the same way: into its own page
+cache. The read stays a cold read of the medium; it only starts sooner.
+
+What it reads: the newest committed checkpoint, unless a newer save is only memory-committed (survivors load that
+from their memory tier, and its durable copy is being written: reading an older checkpoint would slow both). Of
+it, the shards that this node's share of the new world will need: FSDP shards each tensor by rows, so the ranks of
+node g of n load the rows [g/n, (g+1)/n) of every tensor, which the old world's ranks floor(g W/n) to
+ceil((g+1) W/n) - 1 saved (W ranks, read from ftjob.json); plus every file no rank prefix names and the side files
+of small whole tensors every rank reads. A local folder only: an object store has no page cache to fill.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from ftjob_trainer import contract, events
+from ftjob_trainer.checkpoint_layout import META_FILE, list_committed, list_memory_committed
+
+log = logging.getLogger("ftjob.launch")
+
+ENV_READ_AHEAD = "FTJOB_READ_AHEAD"
+RANK_FILE_RE = re.compile(r"^__(\d+)_")  # DCP's shard files: __<saving rank>_<n>.distcp
+SIDE_MARK = "replicated_"  # shard_io's side files of small whole tensors, read by every rank
+CHUNK_BYTES = 16 << 20
+
+
+@dataclass
+class Plan:
+    step: int
+    path: str
+    files: list[str]
+    bytes: int
+
+
+def checkpoint_source(trainer_args: list[str]) -> tuple[str, int] | None:
+    """(checkpoint folder, read threads) of the built-in trainer's command line (its flags, then FTJOB_*), or None:
+    no checkpoint folder, an object store, or a command line the trainer will refuse with a message of its own."""
+    from ftjob_trainer.config import ConfigError, is_url, parse_args
+
+    try:
+        cfg = parse_args(trainer_args).checkpoint
+    except (ConfigError, SystemExit, ValueError):
+        return None
+    if not cfg.checkpoint_dir or is_url(cfg.checkpoint_dir):
+        return None
+    return cfg.checkpoint_dir, cfg.read_threads
+
+
+def plan(root: str, node: int, nodes: int) -> Plan | None:
+    """What node `node` of `nodes` reads ahead in the checkpoint folder `root` (see the module's docstring)."""
+    committed = list_committed(root)
+    if not committed:
+        return None
+    step, path = committed[0]
+    memory = list_memory_committed(root)
+    if memory and memory[0][0] > step:
+        return None
+    try:
+        with open(os.path.join(path, META_FILE)) as f:
+            saved = int(json.load(f)["world_size"])
+        names = os.listdir(path)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # retention took it, or it is unreadable: the load will say so
+    lo, hi = math.floor(node * saved / nodes), math.ceil((node + 1) * saved / nodes)
+    files, total = [], 0
+    for name in sorted(names):
+        m = RANK_FILE_RE.match(name)
+        if m and not lo <= int(m.group(1)) < hi and SIDE_MARK not in name:
+            continue
+        try:
+            total += os.path.getsize(os.path.join(path, name))
+        except OSError:
+            continue
+        files.append(name)
+    return Plan(step, path, files, total)
+
+
+def read_files(folder: str, names: list[str], threads: int) -> int:
+    """Read each file once, `threads` at a time, into a buffer per thread that is dropped: the bytes stay in the
+    page cache. Returns the bytes read (a file retention deletes meanwhile counts what was read of it)."""
+    local = threading.local()
+
+    def read_one(name: str) -> int:
+        buf = getattr(local, "buf", None)
+        if buf is None:
+            buf = local.buf = bytearray(CHUNK_BYTES)
+        done = 0
+        try:
+            with open(os.path.join(folder, name), "rb", buffering=0) as f:
+                while n := f.readinto(buf):
+                    done += n
+        except OSError:
+            pass
+        return done
+
+    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="ftjob-read-ahead") as pool:
+        return sum(pool.map(read_one, names))
+
+
+class ReadAhead:
+    """Started by the agent each time a round forms; one read at a time (a round that forms while one runs adds
+    nothing: the same workers will load the same checkpoint)."""
+
+    def __init__(self, root: str, threads: int):
+        self.root, self.threads = root, threads
+        self.thread: threading.Thread | None = None
+
+    def round_formed(self, node: int, nodes: int) -> None:
+        if self.thread is not None and self.thread.is_alive():
+            return
+        self.thread = threading.Thread(
+            target=self._run, args=(node, nodes), name="ftjob-read-ahead", daemon=True
+        )
+        self.thread.start()
+
+    def _run(self, node: int, nodes: int) -> None:
+        started = time.monotonic()
+        p = plan(self.root, node, nodes)
+        if p is None or not p.files:
+            return
+        done = read_files(p.path, p.files, self.threads)
+        seconds = time.monotonic() - started
+        events.emit(
+            contract.EVENT_READ_AHEAD_DONE,
+            step=p.step,
+            files=len(p.files),
+            bytes=done,
+            seconds=round(seconds, 4),
+            threads=self.threads,
+        )
+        log.info("read ahead step %d: %d files, %.2f GB in %.2fs", p.step, len(p.files), done / 1e9, seconds)
