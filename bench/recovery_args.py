@@ -80,6 +80,14 @@ def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
         help="ftjob: python -m ftjob_trainer.launch, as worker pods run (default); torchrun: torch's own",
     )
     p.add_argument("--warm-cache", action="store_true", help="replacements: keep the page cache (no drop)")
+    p.add_argument(
+        "--replacement-drop",
+        default="all",
+        choices=("all", "checkpoint"),
+        help="the replacement path's page cache drop: all (drop_caches where it can: torch's libraries read cold "
+        "too, a node that never ran the image; default) or checkpoint (only the checkpoint's files, as the "
+        "spare and notice paths evict: a node whose image was just pulled)",
+    )
     p.add_argument("--workdir", type=Path, default=None, help="checkpoints and probes (default: a temp dir)")
     a = p.parse_args(argv)
     prof = PROFILES[a.model]

@@ -227,11 +227,14 @@ class Bench:
         self.wait(old, lambda _: old.proc.poll() is not None, deadline, "the preempted torchrun to exit")
         old_exited = time.time()
         t = time.perf_counter()
-        cache = (
-            "warm"
-            if self.args.warm_cache
-            else recovery_limits.drop_page_cache(recovery_limits.checkpoint_files(ckpt))
-        )
+        files = recovery_limits.checkpoint_files(ckpt)
+        if self.args.warm_cache:
+            cache = "warm"
+        elif self.args.replacement_drop == "all":
+            cache = recovery_limits.drop_page_cache(files)
+        else:
+            recovery_limits.evict(files)
+            cache = "fadvise"
         drop_s = time.perf_counter() - t
         # a new node: its own, empty memory folder (the preempted node's went with it)
         new = self.torchrun(

@@ -25,6 +25,11 @@ GOAL_TOTAL_S = {
 }
 GOAL_LOAD_OF_MEDIUM = 0.8  # a durable load at >= 0.8 x the medium's parallel cold-read bandwidth
 GOAL_MEMORY_LOAD_GBPS = 8.0  # a load whose files all came from the memory tier (the survivor's)
+# What each way of emptying the page cache before a new node's load leaves warm.
+PAGE_CACHE = {
+    "drop_caches": "whole page cache dropped (drop_caches: torch's libraries read cold too)",
+    "fadvise": "the checkpoint's files evicted (fadvise; libraries stay cached)",
+}
 RECOVERY_PATHS = ("replacement", "survivor", "spare", "notice", "compile", "spare_compile", "notice_compile")
 
 
@@ -130,7 +135,7 @@ def markdown(result: dict, remarks: list[str] | None = None) -> str:
             d = result["phases"][p]
             save = d.get("stop_save") or {}
             cache = d.get("page_cache") or "?"
-            notes = [f"page cache {cache}" if cache.startswith("warm") else f"page cache dropped ({cache})"]
+            notes = [PAGE_CACHE.get(cache, f"page cache {cache}")]
             if save:
                 notes.append(
                     f"stop save of step {save['step']}: {_s(save.get('started_to_committed_s'))} s from its start to "
