@@ -12,7 +12,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from ftjob_trainer import launch, warm_worker
+from ftjob_trainer import launch, peer_restart, warm_worker
 from trainer_testlib import (
     TINY,
     events_of,
@@ -240,6 +240,15 @@ def _long_keepalive_rdzv(store_port: int, run_id: str) -> list[str]:
     ]
 
 
+def test_the_agents_own_restarts_use_the_trainers_first_peer_stop_signal():
+    assert peer_restart.peer_stop_signal(["--steps", "5"]) == signal.SIGUSR2  # the trainer's default
+    assert peer_restart.peer_stop_signal(["--peer-stop-signals", "sighup,SIGUSR2"]) == signal.SIGHUP
+    assert peer_restart.peer_stop_signal(["--peer-stop-signals=SIGUSR1"]) == signal.SIGUSR1
+    # none, or a name the trainer itself refuses: torchrun's SIGTERM stays
+    assert peer_restart.peer_stop_signal(["--peer-stop-signals="]) is None
+    assert peer_restart.peer_stop_signal(["--peer-stop-signals", "SIGNOPE"]) is None
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("leave", [True, False])
 def test_a_stopped_agent_leaves_the_rendezvous_and_the_survivor_goes_on_without_its_keepalive(
@@ -295,6 +304,49 @@ def test_a_stopped_agent_leaves_the_rendezvous_and_the_survivor_goes_on_without_
 
     # within the keep-alive's 10 minutes only a departed agent lets the survivor's round form
     wait_for(resumed_alone, timeout=300, proc=agents["b"], what="the survivor training alone after the save")
+
+
+@pytest.mark.slow
+def test_a_node_joining_a_running_round_stops_its_workers_as_survivors_not_as_preempted(procs, tmp_path):
+    """A round of one trains; a second agent joins (a replacement that came after the survivor's round formed).
+    The first agent restarts its worker into a round of two with the peer-stop signal: the worker saves as a
+    survivor (exit 75, "peer-stopped") and never says it was preempted, and its agent stays in the rendezvous. With
+    SIGTERM the worker took its pod for preempted, the agent left the rendezvous it was restarting into and crashed
+    (c10d's KeyError), closing the round for the new node: the operator counted a preemption and a failure."""
+    _, ports = start_coordinator(procs, "t0ken")
+    run_id = "job-scale-up"
+    rdzv = _long_keepalive_rdzv(ports["storePort"], run_id)
+    agents = {}
+
+    def start(name: str):
+        env = {
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+            "FTJOB_TERMINATION_LOG": str(tmp_path / f"{name}.term"),
+        }
+        report = ["--report", str(tmp_path / "report.json")]
+        args = [*TINY, "--steps", "100000", "--checkpoint-dir", str(tmp_path / "ckpt"), *report]
+        agents[name] = procs.launch(args, name=name, nproc=1, env=env, rdzv=rdzv, max_restarts=3)
+
+    start("a")
+    wait_for(
+        lambda: report_step(tmp_path / "report.json") >= 3, timeout=240, proc=agents["a"], what="a alone"
+    )
+    start("b")
+
+    def both_training():
+        doc = read_json(tmp_path / "report.json") or {}
+        stopped = [e for e in events_of(agents["a"]) if e["event"] == "exit"]
+        return stopped and doc.get("world_size") == 2 and doc.get("step", 0) > stopped[0]["step"] and stopped
+
+    stopped = wait_for(
+        both_training, timeout=240, proc=agents["a"], what="a and b training as a round of two"
+    )
+    assert [(e["code"], e["reason"]) for e in stopped] == [(75, "peer-stopped")], stopped
+    assert not [e for e in events_of(agents["a"]) if e["event"] == "rendezvous_left"], log_of(agents["a"])[
+        -3000:
+    ]
+    assert agents["a"].poll() is None and agents["b"].poll() is None
+    assert "Traceback" not in log_of(agents["a"]), log_of(agents["a"])[-3000:]
 
 
 def _waiting_pids(store_port: int, run_id: str) -> set[int]:

@@ -31,6 +31,7 @@ LAYERS = {
     "parallelize": 0,
     "compile_cache": 0,
     "warm_worker": 0,
+    "peer_restart": 0,
     "warm_forkserver": 0,
     "events": 1,
     "warm_imported": 2,  # emits an event at import
@@ -44,6 +45,7 @@ LAYERS = {
     "models.hf": 3,
     "engine": 3,
     "checkpoint_store": 3,
+    "read_ahead": 3,  # the launcher's, imported once its forkserver started
     "checkpoint_copy": 4,
     "checkpoint_save": 4,
     "checkpoint_load": 4,
@@ -86,8 +88,9 @@ def test_the_graph_is_read():
     ]
     assert {"checkpoint", "reporting", "preemption"} <= graph["stopping"]
     assert graph["models.hf"] == {"config"} and graph["models.llama"] == {"models"}
-    # the launcher's own imports stay torch-free: its forkserver must start before anything imports torch
-    assert graph["launch"] == {"warm_worker", "contract", "events"}
+    # the launcher's module-level imports stay torch-free: its forkserver must start before anything imports torch
+    # (read_ahead, which does, is imported inside reading_ahead, after the forkserver started)
+    assert graph["launch"] == {"warm_worker", "contract", "events", "peer_restart", "read_ahead"}
     assert graph["contract"] == set() and graph[""] == set()
 
 

@@ -49,6 +49,9 @@ which removes it with the job's other pods, or for any signal.
 Reading ahead (FTJOB_READ_AHEAD). Once a round forms, the agent reads the checkpoint its workers will load into the
 node's page cache while they are forked and build their model (ftjob_trainer.read_ahead says what and why).
 
+The agent's own restarts of its workers (a node joined the round, or a worker failed) stop the built-in trainer with
+its peer-stop signal, not a preemption's SIGTERM (a correctness fix, not switchable: ftjob_trainer.peer_restart).
+
 Its start-up as events (contract.py): launcher_ready (the agent's imports), warm_imports_done (the forkserver's) and
 round_formed (each round the agent joined), so a replacement's path to its first worker reads as its parts.
 
@@ -74,7 +77,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ftjob_trainer import contract, events  # torch-free
+from ftjob_trainer import contract, events, peer_restart  # torch-free
 
 log = logging.getLogger("ftjob.launch")
 
@@ -432,6 +435,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         start_forkserver(preload_modules(argv))  # before our own imports: the two import side by side
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.agent.server import api as agents
+    from torch.distributed.elastic.agent.server import local_elastic_agent as local_agents
     from torch.distributed.elastic.multiprocessing import api as processes
     from torch.distributed.elastic.rendezvous import registry
 
@@ -455,6 +459,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     if hasattr(agents, "SimpleElasticAgent"):
         agents.SimpleElasticAgent.run = wait_when_left_out(agents.SimpleElasticAgent.run)
+    trainer_args = builtin_trainer_args(argv)
+    peer_signal = None if trainer_args is None else peer_restart.peer_stop_signal(trainer_args)
+    if peer_signal is not None:
+        local = local_agents.LocalElasticAgent
+        local._stop_workers = peer_restart.stop_workers_with(local._stop_workers, peer_signal)
     reader = reading_ahead(argv)
     if hasattr(registry, "get_rendezvous_handler"):
         registry.get_rendezvous_handler = tuned_handlers(
