@@ -243,7 +243,11 @@ def _long_keepalive_rdzv(store_port: int, run_id: str) -> list[str]:
 def test_the_agents_own_restarts_use_the_trainers_first_peer_stop_signal():
     assert peer_restart.peer_stop_signal(["--steps", "5"]) == signal.SIGUSR2  # the trainer's default
     assert peer_restart.peer_stop_signal(["--peer-stop-signals", "sighup,SIGUSR2"]) == signal.SIGHUP
-    assert peer_restart.peer_stop_signal(["--peer-stop-signals=SIGUSR1"]) == signal.SIGUSR1
+    assert (
+        peer_restart.peer_stop_signal(["--stop-signals=SIGTERM", "--peer-stop-signals=SIGUSR1"])
+        == signal.SIGUSR1
+    )
+    assert peer_restart.peer_stop_signal([], {"FTJOB_PEER_STOP_SIGNALS": "SIGHUP"}) == signal.SIGHUP
     # none, or a name the trainer itself refuses: torchrun's SIGTERM stays
     assert peer_restart.peer_stop_signal(["--peer-stop-signals="]) is None
     assert peer_restart.peer_stop_signal(["--peer-stop-signals", "SIGNOPE"]) is None

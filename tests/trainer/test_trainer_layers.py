@@ -31,7 +31,6 @@ LAYERS = {
     "parallelize": 0,
     "compile_cache": 0,
     "warm_worker": 0,
-    "peer_restart": 0,
     "warm_forkserver": 0,
     "events": 1,
     "warm_imported": 2,  # emits an event at import
@@ -45,7 +44,8 @@ LAYERS = {
     "models.hf": 3,
     "engine": 3,
     "checkpoint_store": 3,
-    "read_ahead": 3,  # the launcher's, imported once its forkserver started
+    "read_ahead": 3,
+    "peer_restart": 3,  # the trainer's own parser (config), imported once the forkserver started  # the launcher's, imported once its forkserver started
     "checkpoint_copy": 4,
     "checkpoint_save": 4,
     "checkpoint_load": 4,

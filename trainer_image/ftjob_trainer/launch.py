@@ -460,7 +460,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if hasattr(agents, "SimpleElasticAgent"):
         agents.SimpleElasticAgent.run = wait_when_left_out(agents.SimpleElasticAgent.run)
     trainer_args = builtin_trainer_args(argv)
-    peer_signal = None if trainer_args is None else peer_restart.peer_stop_signal(trainer_args)
+    with contextlib.redirect_stderr(io.StringIO()):  # quietly: the worker says what is wrong with its flags
+        peer_signal = None if trainer_args is None else peer_restart.peer_stop_signal(trainer_args)
     if peer_signal is not None:
         local = local_agents.LocalElasticAgent
         local._stop_workers = peer_restart.stop_workers_with(local._stop_workers, peer_signal)

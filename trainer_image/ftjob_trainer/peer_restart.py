@@ -14,24 +14,21 @@ signal (a real preemption) still forwards that signal.
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-PEER_STOP_FLAG = "--peer-stop-signals"
-DEFAULT_PEER_STOP_SIGNAL = "SIGUSR2"  # the trainer's own default (config.PreemptionConfig)
 
+def peer_stop_signal(trainer_args: list[str], env: Mapping[str, str] | None = None) -> signal.Signals | None:
+    """The first of the trainer's peer-stop signals, read by its own parser (--peer-stop-signals, then
+    FTJOB_PEER_STOP_SIGNALS, then its default); None when it has none, or when the trainer will refuse its command
+    line (it says what to fix, and the agent keeps torchrun's SIGTERM)."""
+    from ftjob_trainer.config import ConfigError, parse_args
 
-def peer_stop_signal(trainer_args: list[str]) -> signal.Signals | None:
-    """The first of the trainer's --peer-stop-signals (its default without the flag); None when it has none."""
-    value = DEFAULT_PEER_STOP_SIGNAL
-    for i, arg in enumerate(trainer_args):
-        if arg == PEER_STOP_FLAG and i + 1 < len(trainer_args):
-            value = trainer_args[i + 1]
-        elif arg.startswith(PEER_STOP_FLAG + "="):
-            value = arg.split("=", 1)[1]
-    names = [n.strip().upper() for n in value.split(",") if n.strip()]
-    # an unknown name is the trainer's to refuse (it says what to fix): the agent keeps torchrun's SIGTERM
-    return getattr(signal.Signals, names[0], None) if names else None
+    try:
+        names = parse_args(trainer_args, env).preemption.peer_signal_names()
+    except (ConfigError, SystemExit, ValueError):
+        return None
+    return signal.Signals[names[0]] if names else None
 
 
 def stop_workers_with(stop_workers: Callable, sig: signal.Signals) -> Callable:
