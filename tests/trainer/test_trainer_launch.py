@@ -32,10 +32,11 @@ PROBE = """
 import json, os, pathlib, sys, time
 warm = "torch" in sys.modules
 restart, rank = os.environ["TORCHELASTIC_RESTART_COUNT"], os.environ["RANK"]
-print(json.dumps({"probe": rank, "warm": warm, "argv": sys.argv[1:], "restart": restart, "main": __name__,
-                  "time": time.time()}), flush=True)
 here = pathlib.Path(os.environ["PROBE_DIR"])
-(here / f"seen-{restart}-{rank}").touch()
+said = here / f".said-{restart}-{rank}"
+said.write_text(json.dumps({"probe": rank, "warm": warm, "argv": sys.argv[1:], "restart": restart, "main": __name__,
+                            "time": time.time()}))
+said.rename(here / f"seen-{restart}-{rank}")  # whole once seen: a rank that exits first gets the others stopped
 if restart == "0":
     while len(list(here.glob("seen-0-*"))) < int(os.environ["WORLD_SIZE"]):
         time.sleep(0.05)
@@ -43,8 +44,9 @@ if restart == "0":
 """
 
 
-def probes(p) -> list[dict]:
-    return [json.loads(line) for line in log_of(p).splitlines() if line.startswith('{"probe"')]
+def probes(here) -> list[dict]:
+    """What each probe said, from its own file (two ranks' prints to the shared log could interleave on a line)."""
+    return [json.loads(f.read_text()) for f in sorted(here.glob("seen-*"))]
 
 
 # ================================================================================================ pure parts
@@ -180,10 +182,10 @@ def test_workers_start_with_torch_imported_and_exit_codes_restart_them(procs, tm
         env={"PROBE_EXIT": "75", "PROBE_DIR": str(tmp_path), launch.ENV_WARM_WORKERS: "1" if warm else "0"},
     )
     assert finish(p) == 0, log_of(p)[-3000:]
-    seen = sorted((d["restart"], d["probe"], d["warm"], d["main"]) for d in probes(p))
+    seen = sorted((d["restart"], d["probe"], d["warm"], d["main"]) for d in probes(tmp_path))
     # exit 75 restarted both ranks once, as torchrun restarts them; every worker found torch imported iff warm
     assert seen == [(r, rank, warm, "__main__") for r in "01" for rank in "01"], log_of(p)[-3000:]
-    assert all(d["argv"] == ["--flag", "x"] for d in probes(p))
+    assert all(d["argv"] == ["--flag", "x"] for d in probes(tmp_path))
     # the launcher's start-up as events: its agent's imports, its forkserver's (warm only), one round per start
     evs = events_of(p)
     names = [e["event"] for e in evs]
@@ -192,7 +194,7 @@ def test_workers_start_with_torch_imported_and_exit_codes_restart_them(procs, tm
     assert names.count("warm_imports_done") == int(warm) and names.count("round_formed") == 2, names
     # the agent imports, then joins; a worker starts after its round formed, a warm one after the forkserver's imports
     first_round = min(e["time"] for e in evs if e["event"] == "round_formed")
-    first_worker = min(d["time"] for d in probes(p))
+    first_worker = min(d["time"] for d in probes(tmp_path))
     assert ready["time"] < first_round < first_worker, (ready, first_round, first_worker)
     assert all(e["time"] < first_worker for e in evs if e["event"] == "warm_imports_done"), evs
 
