@@ -5,7 +5,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-PATHS = ("limits", "replacement", "survivor", "spare", "notice", "compile", "spare_compile", "notice_compile")
+PATHS = (
+    "limits",
+    "replacement",
+    "replacement_cold",
+    "survivor",
+    "spare",
+    "notice",
+    "compile",
+    "spare_compile",
+    "notice_compile",
+)
 # Per preset: batch per rank, seq len, checkpoint every, --signal-after, probe MiB, budgets (s) per phase.
 PROFILES = {
     "1b": dict(
@@ -14,10 +24,10 @@ PROFILES = {
         every=40,
         after=3,
         probe_mb=4096,
-        budget=(90, 150, 150, 200, 200, 200, 240, 240),
+        budget=(90, 150, 150, 150, 200, 200, 200, 240, 240),
     ),
     "tiny": dict(
-        batch=2, seq_len=64, every=4, after=2, probe_mb=64, budget=(30, 60, 60, 90, 90, 120, 120, 120)
+        batch=2, seq_len=64, every=4, after=2, probe_mb=64, budget=(30, 60, 60, 60, 90, 90, 120, 120, 120)
     ),
 }
 
@@ -82,11 +92,11 @@ def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
     p.add_argument("--warm-cache", action="store_true", help="replacements: keep the page cache (no drop)")
     p.add_argument(
         "--replacement-drop",
-        default="all",
+        default="checkpoint",
         choices=("all", "checkpoint"),
-        help="the replacement path's page cache drop: all (drop_caches where it can: torch's libraries read cold "
-        "too, a node that never ran the image; default) or checkpoint (only the checkpoint's files, as the "
-        "spare and notice paths evict: a node whose image was just pulled)",
+        help="the replacement and compile paths' page cache drop: checkpoint (only the checkpoint's files, as the "
+        "spare and notice paths evict: a node whose image was just pulled; default) or all (drop_caches where it "
+        "can: torch's libraries read cold too, a node that never ran the image; replacement_cold always does)",
     )
     p.add_argument("--workdir", type=Path, default=None, help="checkpoints and probes (default: a temp dir)")
     a = p.parse_args(argv)

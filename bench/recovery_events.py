@@ -37,7 +37,14 @@ def breakdown(events: list[dict], sent: float) -> dict:
             {e.get("tier") for e in of(events, contract.EVENT_CHECKPOINT_LOADED) if e["time"] > sent} - {None}
         ),
         "stop_save": stop_save(events, r.stop_steps),
+        "stopped_teardown": stopped_teardown(events, sent),
     }
+
+
+def stopped_teardown(events: list[dict], sent: float) -> dict | None:
+    """Rank 0's stopped worker between its stop and its exit (contract.EVENT_EXIT's teardown), seconds."""
+    exits = [e for e in of(events, contract.EVENT_EXIT, rank=0) if e["time"] > sent]
+    return exits[0].get("teardown") if exits else None
 
 
 def stop_save(events: list[dict], steps: list[int]) -> dict | None:

@@ -2,7 +2,12 @@
 breakdown, on three paths in one run, next to the machine's limits measured in the same run.
 
   replacement  SIGTERM to torchrun (what a preempted pod's kubelet sends), then a fresh torchrun on the same
-               checkpoint directory, the page cache dropped first (a new node's is cold)
+               checkpoint directory once the old one is gone, the checkpoint's files evicted from the page cache
+               first (a new node that has just pulled the image: its libraries are cached, its checkpoint is not;
+               --replacement-drop=all drops everything)
+  replacement_cold  the replacement path with the whole page cache dropped (torch's libraries read cold too) and
+               the launcher's read-ahead off (FTJOB_READ_AHEAD=0): the slowest start, and the durable load's cold
+               bandwidth that the 0.8 x medium goal is judged on
   survivor     the trainer's peer-stop signal (SIGUSR2) to the worker only, as when a peer's pod is preempted:
                it saves to the memory tier, exits 75, and the launcher (torchrun's agent, --max-restarts)
                starts it again in the same "container"; its page cache stays warm (--survivor-signal SIGTERM:
@@ -59,6 +64,7 @@ import recovery_limits  # noqa: E402
 from ftjob_local.procs import kill_tree  # noqa: E402
 from ftjob_local.timeline import of, pod_events  # noqa: E402
 from ftjob_trainer import contract  # noqa: E402
+from ftjob_trainer.read_ahead import ENV_READ_AHEAD  # noqa: E402
 from recovery_args import LAUNCHERS, parse_args  # noqa: E402
 from recovery_events import (  # noqa: E402
     breakdown,
@@ -119,8 +125,9 @@ class Bench:
         compile: bool = False,
         memory: Path | None = None,
         rdzv: list[str] | None = None,
+        env_extra: dict[str, str] | None = None,
     ) -> Launch:
-        """One launcher; rdzv: its rendezvous flags (default --standalone)."""
+        """One launcher; rdzv: its rendezvous flags (default --standalone); env_extra: its own environment."""
         a = self.args
         out = Path(a.out) / phase
         out.mkdir(parents=True, exist_ok=True)
@@ -160,6 +167,7 @@ class Bench:
         ):  # fresh caches in the phase's folder: the first torchrun compiles, the next one finds them
             env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(a.workdir) / phase / "inductor-cache")
             env["TRITON_CACHE_DIR"] = str(Path(a.workdir) / phase / "triton-cache")
+        env.update(env_extra or {})
         log = out / f"{name}.log"
         with open(log, "wb") as f:
             proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -218,7 +226,15 @@ class Bench:
         return path
 
     # --- the phases ---------------------------------------------------------------------------------------------
-    def replacement(self, phase: str, deadline: float, *, compile: bool = False) -> dict:
+    def replacement(
+        self,
+        phase: str,
+        deadline: float,
+        *,
+        compile: bool = False,
+        drop: str | None = None,
+        read_ahead: bool = True,
+    ) -> dict:
         ckpt = Path(self.args.workdir) / phase / "ckpt"
         old = self.torchrun(phase, "preempted", ckpt, compile=compile, memory=self.memory(phase, "preempted"))
         self.signal_point(old, deadline)
@@ -230,7 +246,7 @@ class Bench:
         files = recovery_limits.checkpoint_files(ckpt)
         if self.args.warm_cache:
             cache = "warm"
-        elif self.args.replacement_drop == "all":
+        elif (drop or self.args.replacement_drop) == "all":
             cache = recovery_limits.drop_page_cache(files)
         else:
             recovery_limits.evict(files)
@@ -238,7 +254,12 @@ class Bench:
         drop_s = time.perf_counter() - t
         # a new node: its own, empty memory folder (the preempted node's went with it)
         new = self.torchrun(
-            phase, "replacement", ckpt, compile=compile, memory=self.memory(phase, "replacement")
+            phase,
+            "replacement",
+            ckpt,
+            compile=compile,
+            memory=self.memory(phase, "replacement"),
+            env_extra=None if read_ahead else {ENV_READ_AHEAD: "0"},
         )
         self.first_step_after(new, None, deadline)
         new.stop()
@@ -246,6 +267,7 @@ class Bench:
         signal_at = result["signal_received_at"] or sent
         result.update(
             page_cache=cache,
+            read_ahead=read_ahead,
             cache_drop_s=round(drop_s, 3),
             # what the bench saw, seconds after the signal: the old torchrun gone (after its worker's exit event),
             # the new one launched (after the page cache drop)
@@ -409,6 +431,9 @@ def main(argv: list[str] | None = None) -> int:
     phases = {
         "limits": bench.limits,
         "replacement": bench.replacement,
+        "replacement_cold": lambda phase, deadline: bench.replacement(
+            phase, deadline, drop="all", read_ahead=False
+        ),
         "survivor": bench.survivor,
         "spare": bench.spare,
         "compile": lambda phase, deadline: bench.replacement(phase, deadline, compile=True),

@@ -17,6 +17,7 @@ from pathlib import Path
 GOAL_TOTAL_S = {
     "survivor": 12.0,
     "replacement": 20.0,
+    "replacement_cold": 20.0,
     "spare": 20.0,
     "notice": 20.0,
     "compile": 30.0,
@@ -30,12 +31,33 @@ PAGE_CACHE = {
     "drop_caches": "whole page cache dropped (drop_caches: torch's libraries read cold too)",
     "fadvise": "the checkpoint's files evicted (fadvise; libraries stay cached)",
 }
-RECOVERY_PATHS = ("replacement", "survivor", "spare", "notice", "compile", "spare_compile", "notice_compile")
+RECOVERY_PATHS = (
+    "replacement",
+    "replacement_cold",
+    "survivor",
+    "spare",
+    "notice",
+    "compile",
+    "spare_compile",
+    "notice_compile",
+)
 
 
 def _medium_gbps(result: dict) -> float | None:
     return ((result["phases"].get("limits") or {}).get("checkpoint_medium") or {}).get(
         "cold_read_parallel_gbps"
+    )
+
+
+def cold_load_path(result: dict) -> str | None:
+    """The replacement path whose load read the medium cold: its launcher did not read ahead."""
+    return next(
+        (
+            p
+            for p in ("replacement_cold", "replacement")
+            if (result["phases"].get(p) or {}).get("read_ahead") is False
+        ),
+        None,
     )
 
 
@@ -56,8 +78,9 @@ def goals(result: dict) -> dict:
             "value": value,
             "met": value <= limit if applies and value is not None else None,
         }
-    frac = load_of_medium(result, "replacement")
-    out[f"replacement: load >= {GOAL_LOAD_OF_MEDIUM:g} x the medium's parallel cold read"] = {
+    cold = cold_load_path(result)
+    frac = load_of_medium(result, cold) if cold else None
+    out[f"{cold or 'replacement'}: load >= {GOAL_LOAD_OF_MEDIUM:g} x the medium's parallel cold read"] = {
         "value": frac,
         "met": frac >= GOAL_LOAD_OF_MEDIUM if applies and frac is not None else None,
     }
@@ -136,12 +159,20 @@ def markdown(result: dict, remarks: list[str] | None = None) -> str:
             save = d.get("stop_save") or {}
             cache = d.get("page_cache") or "?"
             notes = [PAGE_CACHE.get(cache, f"page cache {cache}")]
+            if d.get("read_ahead") is False:
+                notes.append("the launcher's read-ahead off")
             if save:
                 notes.append(
                     f"stop save of step {save['step']}: {_s(save.get('started_to_committed_s'))} s from its start to "
                     f"the commit, waited for the save of step {save.get('waited_for_step')}"
                     if save.get("waited_for_step") is not None
                     else f"stop save of step {save['step']}: {_s(save.get('started_to_committed_s'))} s"
+                )
+            if d.get("stopped_teardown"):
+                down = d["stopped_teardown"]
+                notes.append(
+                    f"the stopped worker's teardown: checkpointer and report {_s(down.get('close_s'))} s, process "
+                    f"group {_s(down.get('process_group_s'))} s"
                 )
             if d.get("torchrun_exited_s") is not None:
                 notes.append(

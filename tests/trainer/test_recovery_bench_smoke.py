@@ -32,7 +32,7 @@ def test_recovery_bench_smoke_breaks_down_each_path(procs, tmp_path):
     assert finish(p, 400) == 0, log_of(p)[-4000:]
     doc = json.loads((out / "results.json").read_text())
     # on a CPU the compile path only runs when asked for
-    assert list(doc["phases"]) == ["limits", "replacement", "survivor", "spare", "notice"]
+    assert list(doc["phases"]) == ["limits", "replacement", "replacement_cold", "survivor", "spare", "notice"]
     assert doc["config"]["launcher"] == "ftjob"  # as worker pods run (python -m ftjob_trainer.launch)
     assert doc["config"]["survivor_signal"] == "SIGUSR2"
 
@@ -42,7 +42,7 @@ def test_recovery_bench_smoke_breaks_down_each_path(procs, tmp_path):
     assert medium["cache_drop"] in ("drop_caches", "fadvise") and medium["cold_read_one_stream_gbps"] > 0
     assert "error" in limits["dev_shm"] or limits["dev_shm"]["read_parallel_gbps"] > 0, limits
 
-    for path in ("replacement", "survivor", "spare", "notice"):
+    for path in ("replacement", "replacement_cold", "survivor", "spare", "notice"):
         d = doc["phases"][path]
         assert d["role"] == {"survivor": "survivor"}.get(path, "replacement"), d  # a spare is a new pod
         assert [row["moment"] for row in d["breakdown"]] == list(MOMENTS), d
@@ -54,7 +54,15 @@ def test_recovery_bench_smoke_breaks_down_each_path(procs, tmp_path):
         assert d["stopped_at_step"] == [d["resumed_from_step"]] == [d["stop_save"]["step"]], d
         assert d["load_bytes"] > 0 and d["load_gbps"] > 0 and d["stop_save"]["kind"] == "stop", d
         assert d["load_tiers"] == ["durable"], d  # no --memory-tier here: every save and load is durable
-    assert doc["phases"]["replacement"]["page_cache"] in ("drop_caches", "fadvise")
+        # what stood between the stopped worker's stop and its exit
+        assert set(d["stopped_teardown"]) == {"close_s", "process_group_s"}, d
+    # replacement: only the checkpoint's files evicted, and its launcher read ahead; replacement_cold: the whole
+    # page cache dropped where it can be (else the checkpoint's files), no read-ahead
+    replacement, cold = doc["phases"]["replacement"], doc["phases"]["replacement_cold"]
+    assert (replacement["page_cache"], replacement["read_ahead"]) == ("fadvise", True), replacement
+    assert replacement["launcher"]["read_ahead_done_s"] is not None, replacement["launcher"]
+    assert cold["page_cache"] in ("drop_caches", "fadvise") and cold["read_ahead"] is False, cold
+    assert cold["launcher"]["read_ahead_done_s"] is None, cold["launcher"]
     for path in ("spare", "notice"):
         d = doc["phases"][path]
         # the replacement waited in the rendezvous; it read the checkpoint after its page cache was dropped
@@ -77,16 +85,18 @@ def test_recovery_bench_smoke_breaks_down_each_path(procs, tmp_path):
     assert set(doc["goals"]) == {
         "survivor: signal -> first step <= 12 s",
         "replacement: signal -> first step <= 20 s",
+        "replacement_cold: signal -> first step <= 20 s",
         "spare: signal -> first step <= 20 s",
         "notice: signal -> first step <= 20 s",
         "compile: signal -> first step <= 30 s",
         "spare_compile: signal -> first step <= 30 s",
         "notice_compile: signal -> first step <= 30 s",
-        "replacement: load >= 0.8 x the medium's parallel cold read",
+        "replacement_cold: load >= 0.8 x the medium's parallel cold read",
         "survivor: load from the memory tier >= 8 GB/s",
     }
     assert all(g["met"] is None for g in doc["goals"].values())  # the goals are the H200's with the 1b preset
     md = (out / "results.md").read_text()
-    assert all(f"| {path} | 0.00 |" in md for path in ("replacement", "survivor", "spare", "notice")), md
+    paths = ("replacement", "replacement_cold", "survivor", "spare", "notice")
+    assert all(f"| {path} | 0.00 |" in md for path in paths), md
     assert (out / "replacement" / "replacement.log").exists() and (out / "survivor" / "survivor.log").exists()
     assert not any(work.rglob("*.distcp")), "the checkpoints of each phase are removed after it"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import threading
 import time
 from typing import Any
 
@@ -154,6 +155,7 @@ class Checkpointer:
         self.retention = Retention(self.store, keep_last) if root else None
         self.copies = DurableCopies(root, rank, self.retention, write_threads, self.fence) if root else None
         self._commits: list[Commit] = []
+        self.pruning: threading.Thread | None = None  # deleting superseded memory copies (prune_memory)
         # DCP's collectives run on their own gloo group: an async save's background thread must not share a
         # communicator with the training loop's collectives.
         self.pg = dist.new_group(backend="gloo") if dist.is_initialized() else None
@@ -205,6 +207,7 @@ class Checkpointer:
             self.staging.close()
             if wait_for_retention:
                 self.wait_for_retention()
+                self.wait_for_pruning()
 
     # --- save ------------------------------------------------------------------------------------------------
     def save(
@@ -371,9 +374,7 @@ class Checkpointer:
         elif f.kind != KIND_STOP:  # after a stop save this process exits: the restarted worker copies
             folders = [] if f.direct else [memory_tier.RankFolder(self.rank, f.write_dir, files)]
             self.copies.start(f.step, f.tmp, f.meta, folders, f.started)
-        if (
-            f.kind != KIND_STOP
-        ):  # a stop's caller prunes once its launcher knows: deleting GBs of /dev/shm takes ~1 s
+        if f.kind != KIND_STOP:  # after a stop, the pod's next worker prunes (see load_latest)
             self.prune_memory(keep={f.step})
         log.info("checkpoint step %d saved (%s) at %s in %.2fs", f.step, tier, path, f.marks["done"])
         return f.step, path, f.request_id
@@ -389,9 +390,23 @@ class Checkpointer:
         return self.copies is None or self.copies.wait_own_files_durable(timeout)
 
     def prune_memory(self, keep: set[int]) -> None:
-        """Delete this pod's memory copies of every step but `keep`."""
-        if self.local_rank == 0:  # one process per pod tidies the pod's memory folder
-            memory_tier.prune(self.memory_root, keep)
+        """Delete this pod's memory copies of every step but `keep`, in the background: deleting 11 GB of /dev/shm
+        took ~1.2 s on the GPU machine, time the loop (after a save) or the restart (after a load) need not wait.
+        The folders are chosen now, so a later save's folder is never among them."""
+        if self.local_rank != 0:  # one process per pod tidies the pod's memory folder
+            return
+        folders = memory_tier.superseded(self.memory_root, keep)
+        if folders:
+            self.wait_for_pruning()  # one at a time: the memory freed in the order it was superseded
+            self.pruning = threading.Thread(
+                target=memory_tier.remove, args=(folders,), name="ftjob-prune", daemon=True
+            )
+            self.pruning.start()
+
+    def wait_for_pruning(self) -> None:
+        if self.pruning is not None:
+            self.pruning.join()
+            self.pruning = None
 
     def wait_for_retention(self, timeout: float | None = None) -> None:
         if self.retention is not None:

@@ -148,14 +148,24 @@ def durable_sizes(markers: dict[int, dict[str, int]]) -> dict[str, int]:
     return {name: size for files in markers.values() for name, size in files.items()}
 
 
-def prune(root: str | None, keep: set[int]) -> None:
-    """Delete this pod's memory copies of every step not in keep (a newer step is memory-committed)."""
+def superseded(root: str | None, keep: set[int]) -> list[str]:
+    """This pod's memory copies of every step not in keep (a newer step is memory-committed), as they are now: a
+    save started after this call is never among them."""
     if not root or not os.path.isdir(root):
-        return
-    for name in os.listdir(root):
-        m = STEP_DIR_RE.match(name)
-        if m and int(m.group(1)) not in keep:
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        return []
+    names = (n for n in os.listdir(root) if STEP_DIR_RE.match(n))
+    return [os.path.join(root, n) for n in sorted(names) if int(STEP_DIR_RE.match(n).group(1)) not in keep]
+
+
+def remove(folders: list[str]) -> None:
+    """Delete step folders (a process killed half-way leaves a folder without an intact marker: never held)."""
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def prune(root: str | None, keep: set[int]) -> None:
+    """Delete this pod's memory copies of every step not in keep, now."""
+    remove(superseded(root, keep))
 
 
 def copy_file(src: str, dst: str, cancel: threading.Event) -> int:

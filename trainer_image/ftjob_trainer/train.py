@@ -325,10 +325,15 @@ def main(argv: list[str] | None = None) -> int:
             write_termination_message(cfg.preemption.termination_log, _error_doc(code, error))
             _report_error(cfg, trainer, code, error)
     finally:
+        teardown = {}  # seconds: what stands between a stop's commit and this process's exit
+        t = time.monotonic()
         if trainer is not None:
             trainer.close(finished=code == contract.EXIT_DONE)
+            teardown["close_s"] = round(time.monotonic() - t, 4)
+        t = time.monotonic()
         if dist.is_initialized():
             dist.destroy_process_group()
+            teardown["process_group_s"] = round(time.monotonic() - t, 4)
         # the last moment: what terminate() decided, or the error
         ending = trainer.ending if trainer is not None and trainer.ending else {}
         _emit_exit(
@@ -336,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
             ending.get("reason", contract.REASON_ERROR),
             ending.get("message", error),
             ending.get("step", trainer.step if trainer else None),
+            teardown,
         )
     return code
 
@@ -356,7 +362,7 @@ def _fenced_after_error(cfg: TrainConfig, trainer: Trainer, e: Exception) -> int
     return code
 
 
-def _emit_exit(code: int, reason: str, message: str, step: int | None) -> None:
+def _emit_exit(code: int, reason: str, message: str, step: int | None, teardown: dict | None = None) -> None:
     events.emit(
         contract.EVENT_EXIT,
         code=code,
@@ -364,6 +370,7 @@ def _emit_exit(code: int, reason: str, message: str, step: int | None) -> None:
         message=message,
         step=step,
         since_start_s=round(events.since_start(), 4),
+        teardown=teardown or {},
     )
 
 
