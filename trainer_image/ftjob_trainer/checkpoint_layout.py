@@ -26,8 +26,6 @@ import threading
 import time
 from typing import Any
 
-from torch.distributed.checkpoint import FileSystemReader
-
 log = logging.getLogger("ftjob_trainer.checkpoint")  # the name people grep the log for
 
 FORMAT = 1
@@ -91,11 +89,19 @@ def retention_victims(committed: list[tuple[int, str]], keep_last: int) -> list[
     return [path for _, path in committed[max(1, keep_last) :]]
 
 
+def _dcp_reader(path: str) -> Any:
+    """DCP's reader of one folder, imported on first use: importing torch.distributed.checkpoint takes 0.6 s and
+    more, and the launcher's agent imports this module (read_ahead lists the folders) on its way to a rendezvous."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    return FileSystemReader(path)
+
+
 def needed_files(path: str, world_size: int) -> dict[str, int]:
     """name -> bytes of every file a complete checkpoint in `path` holds: the shards its DCP .metadata names
     (read from `path`) and each rank's RNG state."""
     need: dict[str, int] = {}
-    for info in (FileSystemReader(path).read_metadata().storage_data or {}).values():
+    for info in (_dcp_reader(path).read_metadata().storage_data or {}).values():
         need[info.relative_path] = max(need.get(info.relative_path, 0), info.offset + info.length)
     for r in range(world_size):
         need[os.path.basename(rng_file(path, r))] = 1
@@ -110,7 +116,7 @@ def validate(path: str) -> dict[str, Any]:
     except (OSError, ValueError) as e:
         raise CorruptCheckpoint(f"{path}: {META_FILE} unreadable ({e})") from e
     sizes = {e.name: e.stat().st_size for e in os.scandir(path) if e.is_file()}
-    return check_contents(path, meta, FileSystemReader(path), sizes)
+    return check_contents(path, meta, _dcp_reader(path), sizes)
 
 
 def check_contents(path: str, meta: dict[str, Any], reader: Any, sizes: dict[str, int]) -> dict[str, Any]:
@@ -146,7 +152,7 @@ def validate_memory_committed(path: str) -> dict[str, Any]:
     if meta.get("format") != FORMAT or not meta.get("save_id"):
         raise CorruptCheckpoint(f"{path}: not a memory-committed save of format {FORMAT}")
     try:
-        FileSystemReader(path).read_metadata()
+        _dcp_reader(path).read_metadata()
     except Exception as e:  # noqa: BLE001 - any failure to parse means unusable
         raise CorruptCheckpoint(f"{path}: DCP .metadata unreadable ({type(e).__name__}: {e})") from e
     return meta

@@ -416,7 +416,7 @@ def _log_to_stderr() -> None:
 def reading_ahead(argv: list[str]) -> Any:
     """The built-in trainer's read-ahead (ftjob_trainer.read_ahead), or None: switched off, another program, or no
     local checkpoint folder. Its command line is parsed quietly: the worker says what is wrong with it."""
-    from ftjob_trainer import read_ahead  # imports torch: after the forkserver started
+    from ftjob_trainer import read_ahead  # torch-free: DCP is imported only to read a checkpoint
 
     trainer_args = builtin_trainer_args(argv)
     if trainer_args is None or not enabled(read_ahead.ENV_READ_AHEAD):
