@@ -7,12 +7,12 @@ import textwrap
 
 import kopf
 import pytest
+from apiserver_client_testlib import WIDGET_CRD
 from ftjob_local.apiserver import start_in_thread
 from kopf.testing import KopfRunner
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from support.wait import wait_until
-from test_apiserver_client import WIDGET_CRD
 
 pytestmark = pytest.mark.slow
 ARGS = ("test.ftjob.dev", "v1", "default", "widgets")

@@ -15,10 +15,10 @@ pytestmark = [
 ]
 
 from ftjob_local.session import find_kubectl  # noqa: E402
+from handlers_e2e_testlib import FAKE_TRAINER, REPO, Env, make_operator  # noqa: E402
 from support.cluster import local_cluster  # noqa: E402
 from support.operator_process import OperatorProcess  # noqa: E402
 from support.wait import wait_until  # noqa: E402
-from test_handlers_e2e import FAKE_TRAINER, REPO, Env, make_operator  # noqa: E402
 
 PEERING = "ftjob-test"
 
