@@ -151,8 +151,10 @@ def markdown(result: dict, remarks: list[str] | None = None) -> str:
             load = (
                 f"{d['load_bytes'] / 1e9:.2f} GB at {d['load_gbps']:.2f} GB/s" if d.get("load_gbps") else "-"
             )
-            frac = load_of_medium(result, p)
-            lines.append(f"| {p} | " + " | ".join(cells) + f" | {load} | {_s(frac)} |")
+            frac = _s(load_of_medium(result, p))
+            if (d.get("launcher") or {}).get("read_ahead_done_s") is not None:
+                frac += " (read ahead: not a cold read)"
+            lines.append(f"| {p} | " + " | ".join(cells) + f" | {load} | {frac} |")
         lines.append("")
         for p in done:
             d = result["phases"][p]
