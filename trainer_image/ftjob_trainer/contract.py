@@ -172,7 +172,10 @@ EVENT_STOP_AGREED = (
 EVENT_FENCED = "fenced"
 # every rank, when its world stops because a newer one exists: step (the last finished), epoch (this world's),
 # newest (the coordinator's newest epoch, or null when only a peer knew), where ("commit", "progress", "error")
-EVENT_EXIT = "exit"  # code, reason (a REASON_* above), message, step, since_start_s: the process's last moment;  # teardown: {close_s (the checkpointer: an in-flight save drained, buffers freed; the report), process_group_s}
+EVENT_EXIT = "exit"
+# every process's last moment: code, reason (a REASON_* above), message, step, since_start_s, and teardown: seconds
+# between the stop and the exit ({close_s: the checkpointer (an in-flight save drained, buffers freed) and the
+# report; process_group_s})
 EVENT_RENDEZVOUS_LEFT = "rendezvous_left"
 # the launcher's agent (ftjob_trainer.launch; rank null) left its c10d rendezvous: why (LEFT_STOP_COMMITTED: its
 # preempted worker's stop checkpoint is durable; else the stop signal's name, at the agent's exit), seconds

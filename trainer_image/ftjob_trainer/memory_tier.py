@@ -158,7 +158,7 @@ def superseded(root: str | None, keep: set[int]) -> list[str]:
 
 
 def remove(folders: list[str]) -> None:
-    """Delete step folders (a process killed half-way leaves a folder without an intact marker: never held)."""
+    """Delete step folders (one cut short by an exit has files missing: never held, and pruned again later)."""
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
 
