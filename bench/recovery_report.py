@@ -10,6 +10,8 @@ import json
 import sys
 from pathlib import Path
 
+from recovery_args import PATHS
+
 # Issue 10's goals on the H200 with the 1b preset: signal -> first step per path, seconds. Every replacement path
 # has the replacement's goal, the --compile ones the --compile replacement's: "replacement"/"compile" launch after
 # the old process is gone, "spare"/"spare_compile" have a warm spare (spec.workers.spares), "notice"/"notice_compile"
@@ -31,16 +33,7 @@ PAGE_CACHE = {
     "drop_caches": "whole page cache dropped (drop_caches: torch's libraries read cold too)",
     "fadvise": "the checkpoint's files evicted (fadvise; libraries stay cached)",
 }
-RECOVERY_PATHS = (
-    "replacement",
-    "replacement_cold",
-    "survivor",
-    "spare",
-    "notice",
-    "compile",
-    "spare_compile",
-    "notice_compile",
-)
+RECOVERY_PATHS = tuple(p for p in PATHS if p != "limits")  # every phase but the machine's limits
 
 
 def _medium_gbps(result: dict) -> float | None:

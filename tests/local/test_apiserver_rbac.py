@@ -6,20 +6,10 @@ import base64
 import json
 
 import pytest
-from ftjob_local.apiserver import start_in_thread
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 NS = "default"
-
-
-@pytest.fixture()
-def server(tmp_path):
-    handle = start_in_thread(str(tmp_path / "state"))
-    try:
-        yield handle
-    finally:
-        handle.stop()
 
 
 def api_client(url: str, token: str | None = None, impersonate: str | None = None) -> client.ApiClient:

@@ -7,9 +7,8 @@ import json
 import urllib.error
 import urllib.request
 
-import pytest
 from aiohttp import web
-from ftjob_local.apiserver import start_in_thread, subresources
+from ftjob_local.apiserver import subresources
 from ftjob_local.apiserver.resources import POD_KEY
 from ftjob_local.apiserver.wire import json_response
 
@@ -40,15 +39,6 @@ POD = {
     "metadata": {"name": "p"},
     "spec": {"containers": [{"name": "main", "image": "python:3.12"}]},
 }
-
-
-@pytest.fixture()
-def server(tmp_path):
-    handle = start_in_thread(str(tmp_path / "state"))
-    try:
-        yield handle
-    finally:
-        handle.stop()
 
 
 def call(
