@@ -83,6 +83,7 @@ class ServiceProxy:
         self.loop = asyncio.new_event_loop()
         # (ip, port) -> (server, owner): owner ("service", ns, name, port name) or ("pod", ns, name, port)
         self._servers: dict[tuple[str, int], tuple[asyncio.AbstractServer, tuple]] = {}
+        self._connections: set[asyncio.Task] = set()  # open connections' handlers: stop() ends them
         self._rr = itertools.count()
         self._thread = threading.Thread(target=self.loop.run_forever, name="service-proxy", daemon=True)
         self.pod_index, self.policy_index = LabelIndex(), SelectorIndex()
@@ -119,6 +120,11 @@ class ServiceProxy:
             for server, _ in self._servers.values():
                 server.close()
             self._servers.clear()
+            # a server's close leaves its open connections' handlers pending: end them while the loop runs, so
+            # none is left to close its sockets from the garbage collector after the loop closed
+            for task in self._connections:
+                task.cancel()
+            await asyncio.gather(*self._connections, return_exceptions=True)
 
         if self.loop.is_running():
             asyncio.run_coroutine_threadsafe(close(), self.loop).result(5)
@@ -247,6 +253,14 @@ class ServiceProxy:
         return eps[next(self._rr) % len(eps)] if eps else None
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, owner: tuple) -> None:
+        task = asyncio.current_task()
+        self._connections.add(task)
+        try:
+            await self._serve(reader, writer, owner)
+        finally:
+            self._connections.discard(task)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, owner: tuple) -> None:
         target = self._target(owner)
         upstream = None
         if target is not None:

@@ -1,7 +1,7 @@
 """The service proxy's work per event and per connection does not grow with the number of other jobs (issue 15):
 with a thousand other jobs' pods, Services and NetworkPolicies present, one pod's event re-derives that pod alone,
 and a connection through a Service looks at its own job's pods and policy only. Counted, not timed; the listeners
-and connections are real sockets."""
+and connections are real sockets. And a stopped proxy ends the connections it still held open."""
 
 from __future__ import annotations
 
@@ -106,6 +106,29 @@ def test_one_event_and_one_connection_cost_the_same_beside_a_thousand_other_jobs
     finally:
         proxy.stop()
         listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() (close alone keeps the port bound)
+        listener.close()
+
+
+def test_stopping_the_proxy_ends_the_connections_it_holds_open():
+    n = random.randrange(1, 250)
+    coord_ip, svc_ip = f"127.10.245.{n}", f"127.96.245.{n}"
+    mine = job_pods("mine", coord_ip, f"127.10.244.{n}")
+    listener = echo_server(own_ip(mine[0], coord_ip))
+    proxy = ServiceProxy(Cache([job_service("mine", svc_ip)]), Cache(mine), Cache([]), Cache([])).start()
+    try:
+        wanted = [(coord_ip, RDZV_PORT), (svc_ip, RDZV_PORT)]
+        wait_until(lambda: proxy.listening() == sorted(wanted), 20, "the proxy to listen for the job")
+        with socket.create_connection((svc_ip, RDZV_PORT), timeout=10) as s:
+            # an idle connection (the echo server waits for its 4 bytes), as a worker's to the rendezvous store
+            wait_until(lambda: len(proxy._connections) == 1, 10, "the proxy to hold the connection")
+            proxy.stop()
+            # its handler ended while the loop ran: the client sees the connection closed, not a hang, and no
+            # handler is left to close its sockets from the garbage collector after the loop closed
+            assert s.recv(4) == b""
+            assert not proxy._connections
+    finally:
+        proxy.stop()
+        listener.shutdown(socket.SHUT_RDWR)
         listener.close()
 
 
