@@ -84,6 +84,7 @@ class ServiceProxy:
         # (ip, port) -> (server, owner): owner ("service", ns, name, port name) or ("pod", ns, name, port)
         self._servers: dict[tuple[str, int], tuple[asyncio.AbstractServer, tuple]] = {}
         self._connections: set[asyncio.Task] = set()  # open connections' handlers: stop() ends them
+        self._stopped = False
         self._rr = itertools.count()
         self._thread = threading.Thread(target=self.loop.run_forever, name="service-proxy", daemon=True)
         self.pod_index, self.policy_index = LabelIndex(), SelectorIndex()
@@ -126,6 +127,9 @@ class ServiceProxy:
                 task.cancel()
             await asyncio.gather(*self._connections, return_exceptions=True)
 
+        if self._stopped:  # once: a second call could reach the loop after its stop and wait for nothing
+            return
+        self._stopped = True
         if self.loop.is_running():
             asyncio.run_coroutine_threadsafe(close(), self.loop).result(5)
             self.loop.call_soon_threadsafe(self.loop.stop)
