@@ -8,8 +8,10 @@ Torch-free, so the operator's tests may import it to render worker arguments.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
+import io
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -418,6 +420,16 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
                 kwargs[f.name] = _convert(kind, env[env_of(flag)], env_of(flag))
         parts[comp] = cls(**kwargs)
     return TrainConfig(**parts)
+
+
+def parse_args_quietly(argv: Sequence[str], env: Mapping[str, str] | None = None) -> TrainConfig | None:
+    """The trainer's configuration as a process beside it reads it (the launcher): None, and nothing printed, for
+    a command line the trainer will refuse with a message of its own."""
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            return parse_args(argv, env)
+    except (ConfigError, SystemExit, ValueError):
+        return None
 
 
 def to_dict(cfg: TrainConfig) -> dict[str, Any]:

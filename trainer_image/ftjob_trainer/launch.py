@@ -62,8 +62,6 @@ lacks what it uses.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import logging
 import multiprocessing
 import multiprocessing.forkserver
@@ -415,14 +413,13 @@ def _log_to_stderr() -> None:
 
 def reading_ahead(argv: list[str]) -> Any:
     """The built-in trainer's read-ahead (ftjob_trainer.read_ahead), or None: switched off, another program, or no
-    local checkpoint folder. Its command line is parsed quietly: the worker says what is wrong with it."""
+    local checkpoint folder (a command line the trainer refuses: the worker says what is wrong with it)."""
     from ftjob_trainer import read_ahead  # torch-free: DCP is imported only to read a checkpoint
 
     trainer_args = builtin_trainer_args(argv)
     if trainer_args is None or not enabled(read_ahead.ENV_READ_AHEAD):
         return None
-    with contextlib.redirect_stderr(io.StringIO()):
-        source = read_ahead.checkpoint_source(trainer_args)
+    source = read_ahead.checkpoint_source(trainer_args)
     return read_ahead.ReadAhead(*source) if source else None
 
 
@@ -460,8 +457,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if hasattr(agents, "SimpleElasticAgent"):
         agents.SimpleElasticAgent.run = wait_when_left_out(agents.SimpleElasticAgent.run)
     trainer_args = builtin_trainer_args(argv)
-    with contextlib.redirect_stderr(io.StringIO()):  # quietly: the worker says what is wrong with its flags
-        peer_signal = None if trainer_args is None else peer_restart.peer_stop_signal(trainer_args)
+    peer_signal = None if trainer_args is None else peer_restart.peer_stop_signal(trainer_args)
     if peer_signal is not None:
         local = local_agents.LocalElasticAgent
         local._stop_workers = peer_restart.stop_workers_with(local._stop_workers, peer_signal)

@@ -22,12 +22,10 @@ def peer_stop_signal(trainer_args: list[str], env: Mapping[str, str] | None = No
     """The first of the trainer's peer-stop signals, read by its own parser (--peer-stop-signals, then
     FTJOB_PEER_STOP_SIGNALS, then its default); None when it has none, or when the trainer will refuse its command
     line (it says what to fix, and the agent keeps torchrun's SIGTERM)."""
-    from ftjob_trainer.config import ConfigError, parse_args
+    from ftjob_trainer.config import parse_args_quietly
 
-    try:
-        names = parse_args(trainer_args, env).preemption.peer_signal_names()
-    except (ConfigError, SystemExit, ValueError):
-        return None
+    cfg = parse_args_quietly(trainer_args, env)
+    names = cfg.preemption.peer_signal_names() if cfg else []
     return signal.Signals[names[0]] if names else None
 
 

@@ -50,12 +50,12 @@ class Plan:
 def checkpoint_source(trainer_args: list[str]) -> tuple[str, int] | None:
     """(checkpoint folder, read threads) of the built-in trainer's command line (its flags, then FTJOB_*), or None:
     no checkpoint folder, an object store, or a command line the trainer will refuse with a message of its own."""
-    from ftjob_trainer.config import ConfigError, is_url, parse_args
+    from ftjob_trainer.config import is_url, parse_args_quietly
 
-    try:
-        cfg = parse_args(trainer_args).checkpoint
-    except (ConfigError, SystemExit, ValueError):
+    parsed = parse_args_quietly(trainer_args)
+    if parsed is None:
         return None
+    cfg = parsed.checkpoint
     if not cfg.checkpoint_dir or is_url(cfg.checkpoint_dir):
         return None
     return cfg.checkpoint_dir, cfg.read_threads
