@@ -172,7 +172,13 @@ def markdown(result: dict, remarks: list[str] | None = None) -> str:
             if d.get("torchrun_exited_s") is not None:
                 notes.append(
                     f"the old torchrun was gone at {d['torchrun_exited_s']:.2f} s and the new one launched at "
-                    f"{d['torchrun_launched_s']:.2f} s (page cache drop {d['cache_drop_s']:.2f} s)"
+                    f"{d['torchrun_launched_s']:.2f} s ("
+                    + (
+                        f"the checkpoint's files evicted at the stop commit, {d['cache_evicted_s']:.2f} s"
+                        if d.get("cache_evicted_s") is not None
+                        else f"page cache drop {d['cache_drop_s']:.2f} s"
+                    )
+                    + ")"
                 )
             if d.get("launched_s") is not None:
                 notes.append(

@@ -12,7 +12,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from ftjob_trainer import launch, peer_restart, warm_worker
+from ftjob_trainer import launch, peer_restart, torchrun_args, warm_worker
 from trainer_testlib import (
     TINY,
     events_of,
@@ -119,14 +119,18 @@ def test_an_older_torchrun_gets_no_shutdown_flag_and_its_agent_closes_workers_wi
         "--shutdown-timeout=5",
     ]
     # torchrun's own flag goes; the program's argument of the same name stays
-    assert launch.without_shutdown_flag(argv) == (
+    assert torchrun_args.without_shutdown_flag(argv) == (
         ["--nnodes=1:2", "--local-addr=x", "-m", "ftjob_trainer.train", "--shutdown-timeout=5"],
         27,
     )
-    assert launch.without_shutdown_flag(["--standalone", "/app/x.py", "--shutdown-timeout=3"])[1] is None
+    assert (
+        torchrun_args.without_shutdown_flag(["--standalone", "/app/x.py", "--shutdown-timeout=3"])[1] is None
+    )
     old = argparse.ArgumentParser()
     old.add_argument("--max-restarts")
-    assert not launch.knows_flag(old, "--shutdown-timeout") and launch.knows_flag(old, "--max-restarts")
+    assert not torchrun_args.knows_flag(old, "--shutdown-timeout") and torchrun_args.knows_flag(
+        old, "--max-restarts"
+    )
 
     seen = []
     monkeypatch.setattr(

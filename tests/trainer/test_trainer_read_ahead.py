@@ -1,6 +1,7 @@
 """ftjob_trainer.read_ahead: once a round forms, the launcher's agent reads the checkpoint its workers will load into
-the page cache. What it picks (the newest committed checkpoint, this node's share of its shards, nothing while a
-newer save is only in memory), and the launcher doing it between two real runs of the trainer."""
+the page cache (a job of one node: from the launcher's start). What it picks (the newest committed checkpoint, this
+node's share of its shards, nothing while a newer save is only in memory), a read begun before the round giving way
+to a newer save, and the launcher doing it between two real runs of the trainer."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from ftjob_trainer import read_ahead
 from ftjob_trainer.checkpoint import Checkpointer
 from ftjob_trainer.checkpoint_layout import committed_name, dir_bytes, list_committed
 from ftjob_trainer.checkpoint_layout import tmp_path as save_in_progress
+from ftjob_trainer.torchrun_args import most_nodes
 from trainer_testlib import TINY, events_of, finish, log_of
 
 
@@ -65,6 +67,59 @@ def test_nothing_to_read_without_a_committed_checkpoint_or_under_a_newer_memory_
     assert read_ahead.plan(str(tmp_path), 0, 1).step == 20
 
 
+def test_the_launcher_reads_the_most_nodes_from_torchruns_flags():
+    program = ["-m", "ftjob_trainer.train", "--nnodes=4"]  # the program's own flags are not torchrun's
+    assert most_nodes(["--standalone", "--nproc-per-node=2", *program]) == 1  # torchrun's default
+    assert most_nodes(["--nnodes=1:1", *program]) == 1
+    assert most_nodes(["--nnodes=1:3", *program]) == 3
+    assert most_nodes(["--nnodes=2", *program]) == 2
+    assert most_nodes(["--nnodes", "1", *program]) is None  # the operator renders --flag=value; no guess
+    assert most_nodes(["--nnodes=one", *program]) is None
+
+
+def test_a_read_begun_before_the_round_gives_way_to_a_newer_save(tmp_path):
+    path = fake_checkpoint(tmp_path, 20, world_size=2)
+    names = sorted(os.listdir(path))
+    assert read_ahead.newer_save(str(tmp_path), 20) is False
+    # every file is read while nothing newer appears
+    assert read_ahead.read_files(path, names, 2, read_ahead.NewerSave(str(tmp_path), 20)) == dir_bytes(path)
+    # a save in progress (its folder, no ftjob.json yet) stops the read before its next chunk
+    os.mkdir(save_in_progress(str(tmp_path), 24))
+    assert read_ahead.newer_save(str(tmp_path), 20) and not read_ahead.newer_save(str(tmp_path), 24)
+    assert read_ahead.read_files(path, names, 2, read_ahead.NewerSave(str(tmp_path), 20)) == 0
+
+
+def test_one_node_reads_before_its_round_unless_a_save_is_in_progress_and_not_twice(
+    tmp_path, captured_events
+):
+    def read(reader: read_ahead.ReadAhead, start) -> list[dict]:
+        seen = len(captured_events())
+        start()
+        reader.thread.join(30)
+        assert not reader.thread.is_alive()
+        return [e for e in captured_events()[seen:] if e["event"] == "read_ahead_done"]
+
+    path = fake_checkpoint(tmp_path, 20, world_size=2)
+    reader = read_ahead.ReadAhead(str(tmp_path), 2)
+    (early,) = read(reader, reader.before_round)
+    assert (early["step"], early["bytes"], early["before_round"], early["stopped"]) == (
+        20,
+        dir_bytes(path),
+        True,
+        False,
+    )
+    # the round of one node needs the same files: read already, not again
+    assert read(reader, lambda: reader.round_formed(0, 1)) == []
+    # a save in progress: a launcher starting now reads nothing before its round; the round reads what commits
+    fresh = read_ahead.ReadAhead(str(tmp_path), 2)
+    os.mkdir(save_in_progress(str(tmp_path), 24))
+    assert read(fresh, fresh.before_round) == []
+    os.rmdir(save_in_progress(str(tmp_path), 24))
+    newer = fake_checkpoint(tmp_path, 24, world_size=2)
+    (late,) = read(fresh, lambda: fresh.round_formed(0, 1))
+    assert (late["step"], late["bytes"], late["before_round"]) == (24, dir_bytes(newer), False)
+
+
 def test_a_real_save_names_its_shards_by_rank_and_a_read_reads_every_byte(world_of_one, tmp_path):
     engine = tiny_engine()
     ckpt = Checkpointer(str(tmp_path), keep_last=2, engine=engine, rank=0, world_size=1, write_threads=3)
@@ -108,9 +163,14 @@ def test_a_restarted_launcher_reads_ahead_the_checkpoint_its_workers_then_load(p
     second = procs.launch([*args, "--steps", "9"], name="second")
     assert finish(second) == 0, log_of(second)[-3000:]
     evs = events_of(second)
-    (done,) = [e for e in evs if e["event"] == "read_ahead_done"]
+    (done,) = [e for e in evs if e["event"] == "read_ahead_done"]  # its round did not read it again
     loaded = [e for e in evs if e["event"] == "checkpoint_loaded"]
     assert loaded and {e["step"] for e in loaded} == {done["step"]} == {step}, (done, loaded)
+    # a job of one node (--standalone): read from the launcher's start, before its agent's imports and round
+    (ready,) = [e for e in evs if e["event"] == "launcher_ready"]
+    assert done["before_round"] and not done["stopped"], done
+    started = done["time"] - done["seconds"]
+    assert started < ready["time"], (done, ready)
     # one node holds the whole world: it read every file of the checkpoint, once
     assert (done["files"], done["bytes"]) == (len(os.listdir(path)), dir_bytes(path)), done
 

@@ -193,7 +193,8 @@ EVENT_RENDEZVOUS_CLOSED = "rendezvous_closed"
 EVENT_ROUND_FORMED = "round_formed"  # its agent's rendezvous round formed: seconds (from asking to joined)
 EVENT_READ_AHEAD_DONE = "read_ahead_done"
 # its agent read the checkpoint the round's workers will load into the page cache (ftjob_trainer.read_ahead): step,
-# files, bytes, seconds (from the round), threads
+# files, bytes, seconds (from the round, or from the launcher's start: before_round), threads, stopped (a read begun
+# before the round that a newer save cut short)
 # What a save is for (the "kind" of checkpoint events)
 KIND_PERIODIC, KIND_REQUEST, KIND_STOP, KIND_FINAL = "periodic", "request", "stop", "final"
 TIER_DURABLE = "durable"  # the checkpoint volume

@@ -47,7 +47,8 @@ either exit code would speak for the job, so it says why in an event (rendezvous
 which removes it with the job's other pods, or for any signal.
 
 Reading ahead (FTJOB_READ_AHEAD). Once a round forms, the agent reads the checkpoint its workers will load into the
-node's page cache while they are forked and build their model (ftjob_trainer.read_ahead says what and why).
+node's page cache while they are forked and build their model; a job of one node (torchrun's --nnodes) starts
+before its imports (ftjob_trainer.read_ahead says what and why).
 
 The agent's own restarts of its workers (a node joined the round, or a worker failed) stop the built-in trainer with
 its peer-stop signal, not a preemption's SIGTERM (a correctness fix, not switchable: ftjob_trainer.peer_restart).
@@ -76,6 +77,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ftjob_trainer import contract, events, peer_restart  # torch-free
+from ftjob_trainer.torchrun_args import (
+    BUILTIN_TRAINER,
+    builtin_trainer_args,
+    knows_flag,
+    most_nodes,
+    without_shutdown_flag,
+)
 
 log = logging.getLogger("ftjob.launch")
 
@@ -84,7 +92,6 @@ ENV_LEAVE_RENDEZVOUS = "FTJOB_LEAVE_RENDEZVOUS"
 ENV_POLL_SECONDS = "FTJOB_RENDEZVOUS_POLL_SECONDS"  # unset: from the node count; a number: that
 ENV_EXIT_BARRIER_SECONDS = "FTJOB_EXIT_BARRIER_SECONDS"
 EXIT_BARRIER_SECONDS = 30.0
-BUILTIN_TRAINER = "ftjob_trainer.train"
 WORKER_ENTRY = "ftjob_trainer.warm_worker"
 FORKSERVER_FIRST = "ftjob_trainer.warm_forkserver"  # its own session: pod-wide signals do not reach it
 FORKSERVER_LAST = "ftjob_trainer.warm_imported"  # says the forkserver's imports are done (an event)
@@ -112,14 +119,6 @@ def preload_modules(argv: list[str]) -> list[str]:
     if builtin_trainer_args(argv) is not None:
         modules += ["torch._dynamo", BUILTIN_TRAINER, "ftjob_trainer.models"]
     return [*modules, FORKSERVER_LAST]
-
-
-def builtin_trainer_args(argv: list[str]) -> list[str] | None:
-    """The built-in trainer's own arguments (after `-m ftjob_trainer.train`), or None for another program."""
-    for i, (a, b) in enumerate(zip(argv[:-1], argv[1:], strict=True)):
-        if a in ("-m", "--module") and b == BUILTIN_TRAINER:
-            return argv[i + 2 :]
-    return None
 
 
 def start_forkserver(modules: list[str]) -> None:
@@ -339,31 +338,6 @@ def shorter_exit_barrier(seconds: float) -> bool:
 
 
 # ================================================================================================ older torchruns
-SHUTDOWN_FLAGS = ("--shutdown-timeout=", "--shutdown_timeout=")
-
-
-def agent_flags_end(argv: list[str]) -> int:
-    """Where torchrun's own flags end: at the program (`-m`/`--module` or the first word that is no flag). The
-    operator renders every flag as --flag=value, so a word without a dash is the program."""
-    return next(
-        (i for i, a in enumerate(argv) if a in ("-m", "--module") or not a.startswith("-")), len(argv)
-    )
-
-
-def without_shutdown_flag(argv: list[str]) -> tuple[list[str], int | None]:
-    """argv without torchrun's --shutdown-timeout=N (the program's own arguments untouched), and N."""
-    end = agent_flags_end(argv)
-    found = [a for a in argv[:end] if a.startswith(SHUTDOWN_FLAGS)]
-    if not found:
-        return argv, None
-    seconds = int(found[-1].split("=", 1)[1])
-    return [a for a in argv[:end] if not a.startswith(SHUTDOWN_FLAGS)] + argv[end:], seconds
-
-
-def knows_flag(parser: Any, flag: str) -> bool:
-    return any(flag in action.option_strings for action in parser._actions)
-
-
 def close_workers_within(seconds: int) -> bool:
     """The agent's close of its workers (on a stop signal, and before a restart) waits `seconds` before SIGKILL
     instead of torch's fixed 30; False where this torch's close takes no timeout."""
@@ -430,6 +404,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     warm = enabled(ENV_WARM_WORKERS) and not {"--no-python", "--no_python"} & set(argv)
     if warm:
         start_forkserver(preload_modules(argv))  # before our own imports: the two import side by side
+    reader = reading_ahead(argv)
+    if reader is not None and most_nodes(argv) == 1:
+        reader.before_round()  # one node loads every file, whatever the round: read while torch imports
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.agent.server import api as agents
     from torch.distributed.elastic.agent.server import local_elastic_agent as local_agents
@@ -461,7 +438,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     if peer_signal is not None:
         local = local_agents.LocalElasticAgent
         local._stop_workers = peer_restart.stop_workers_with(local._stop_workers, peer_signal)
-    reader = reading_ahead(argv)
     if hasattr(registry, "get_rendezvous_handler"):
         registry.get_rendezvous_handler = tuned_handlers(
             registry.get_rendezvous_handler, handlers, reader.round_formed if reader else None
