@@ -32,6 +32,7 @@ LAYERS = {
     "compile_cache": 0,
     "warm_worker": 0,
     "warm_forkserver": 0,
+    "torchrun_args": 0,  # the launcher's torch-free reading of torchrun's flags
     "events": 1,
     "warm_imported": 2,  # emits an event at import
     "preemption": 1,
@@ -45,7 +46,7 @@ LAYERS = {
     "engine": 3,
     "checkpoint_store": 3,
     "read_ahead": 3,
-    "peer_restart": 3,  # the trainer's own parser (config), imported once the forkserver started  # the launcher's, imported once its forkserver started
+    "peer_restart": 3,  # the trainer's own parser (config), imported once the launcher's forkserver started
     "checkpoint_copy": 4,
     "checkpoint_save": 4,
     "checkpoint_load": 4,
@@ -90,7 +91,14 @@ def test_the_graph_is_read():
     assert graph["models.hf"] == {"config"} and graph["models.llama"] == {"models"}
     # the launcher's module-level imports stay torch-free: its forkserver must start before anything imports torch
     # (read_ahead, which does, is imported inside reading_ahead, after the forkserver started)
-    assert graph["launch"] == {"warm_worker", "contract", "events", "peer_restart", "read_ahead"}
+    assert graph["launch"] == {
+        "warm_worker",
+        "contract",
+        "events",
+        "peer_restart",
+        "read_ahead",
+        "torchrun_args",
+    }
     assert graph["contract"] == set() and graph[""] == set()
 
 
