@@ -123,9 +123,9 @@ def test_survivor_restart_reads_its_files_from_memory_then_makes_them_durable(
         by_tier = ev["bytes_by_tier"]
         assert by_tier.get(tiers[rank], 0) > 0.9 * ev["read_bytes"], ev
         assert ev["threads"] >= 1
-        # memory-tier files are read straight into the targets, not decoded
-        assert (ev["direct_bytes"] > 0) == (tiers[rank] == contract.TIER_MEMORY), ev
-        assert ev["direct_bytes"] <= by_tier.get(contract.TIER_MEMORY, 0), ev
+        # both tiers' files are read straight into the targets, not decoded: most of what the rank read
+        # (the rest is the records' framing and the small values DCP decodes)
+        assert 0.9 * ev["read_bytes"] < ev["direct_bytes"] <= ev["read_bytes"], ev
 
     # the memory-only save became durable after the restart: committed by the restarted rank 0
     durable = of(after, contract.EVENT_CHECKPOINT_COMMITTED, step=saved, tier=contract.TIER_DURABLE)

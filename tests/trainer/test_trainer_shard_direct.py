@@ -1,17 +1,20 @@
-"""shard_direct: a memory-tier file is read straight into the load's targets. Tensors that can be copied byte for byte
+"""shard_direct: a shard file (either tier) is read straight into the load's targets. Tensors that can be copied byte for byte
 (whole tensors and runs of whole rows) are read with pread into their targets; everything else (plain values, a
 dtype change, a strided target, a column slice) goes through DCP's decoding, and every way ends with the saved
 values. Real DCP files, DCP's own planner; on CPU (the pinned-buffer path to the device is in the GPU tests)."""
 
 from __future__ import annotations
 
+import io
 import os
+import sys
+import zipfile
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from ftjob_trainer import shard_direct
-from ftjob_trainer.contract import TIER_MEMORY
+from ftjob_trainer.contract import TIER_DURABLE, TIER_MEMORY
 from ftjob_trainer.shard_io import TieredReader
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
@@ -42,10 +45,15 @@ def saved(tmp_path, world_of_one):
     return path, shards
 
 
-def load(path, shards, into: dict) -> TieredReader:
-    reader = TieredReader(str(path), threads=2, memory_files={n: str(path) for n in shards})
+def load(path, shards, into: dict, memory: bool = True) -> TieredReader:
+    memory_files = {n: str(path) for n in shards} if memory else {}
+    reader = TieredReader(str(path), threads=2, memory_files=memory_files)
     dcp.load(into, storage_reader=reader)
     return reader
+
+
+def zeros() -> dict:
+    return {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else 0 for k, v in state().items()}
 
 
 def test_whole_tensors_come_from_the_mapping_and_plain_values_from_dcp(saved):
@@ -57,6 +65,61 @@ def test_whole_tensors_come_from_the_mapping_and_plain_values_from_dcp(saved):
     assert out["step"] == 9  # a plain value: DCP's own decoding
     assert reader.stats.files == {TIER_MEMORY: len(shards)}
     assert reader.stats.direct_bytes == tensor_bytes(expected)
+
+
+def test_durable_files_are_read_directly_too(saved):
+    """The launcher reads a durable checkpoint ahead into the page cache: decoding it would halve the load's rate."""
+    path, shards = saved
+    out = zeros()
+    reader = load(path, shards, out, memory=False)
+    expected = state()
+    assert all(torch.equal(out[k], v) for k, v in expected.items() if isinstance(v, torch.Tensor))
+    assert reader.stats.files == {TIER_DURABLE: len(shards)}
+    assert reader.stats.direct_bytes == tensor_bytes(expected)
+
+
+def _with_byte_order(record: bytes, order: str | None) -> bytes:
+    """The torch.save record `record` (a zip) rewritten with its byteorder entry saying `order` (None: no entry)."""
+    src = zipfile.ZipFile(io.BytesIO(record))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as dst:
+        for info in src.infolist():
+            if not info.filename.endswith("/byteorder"):
+                dst.writestr(info, src.read(info))
+            elif order is not None:
+                dst.writestr(info, order.encode())
+    return out.getvalue()
+
+
+def _says_native(tmp_path, record: bytes) -> bool:
+    (tmp_path / "record").write_bytes(record)
+    fd = os.open(tmp_path / "record", os.O_RDONLY)
+    try:
+        return shard_direct._native_byte_order(fd, 0, len(record))
+    finally:
+        os.close(fd)
+
+
+def test_a_file_in_another_byte_order_is_left_to_dcp(saved, tmp_path, monkeypatch):
+    """A shard file may come from another machine: its records' byteorder entry must be this machine's for a byte
+    copy; one that says another order, or none, takes DCP's decoding (torch.load swaps what it must)."""
+    path, shards = saved
+    fs = FileSystemReader(str(path))
+    first = min(
+        (i for i in fs.read_metadata().storage_data.values() if i.relative_path == shards[0]),
+        key=lambda i: i.offset,
+    )
+    record = (path / shards[0]).read_bytes()[first.offset : first.offset + first.length]
+    assert _says_native(tmp_path, record)  # torch.save's own record, written here
+    other = "big" if sys.byteorder == "little" else "little"
+    assert not _says_native(tmp_path, _with_byte_order(record, other))
+    assert not _says_native(tmp_path, _with_byte_order(record, None))
+    # the whole file then goes through DCP's decoding, to the same values
+    monkeypatch.setattr(shard_direct, "_native_byte_order", lambda fd, offset, length: False)
+    out = zeros()
+    reader = load(path, shards, out, memory=False)
+    assert all(torch.equal(out[k], v) for k, v in state().items() if isinstance(v, torch.Tensor))
+    assert reader.stats.direct_bytes == 0
 
 
 def test_a_dtype_change_or_a_strided_target_is_decoded_by_dcp(saved):

@@ -5,11 +5,11 @@ RecordingWriter is DCP's FileSystemWriter that also keeps {file name: bytes} of 
 rank's memory folder and durable markers name (memory_tier.py), without guessing DCP's file names.
 
 DCP's FileSystemReader reads the files a rank needs one after another in the calling thread: 0.72 GB/s for 11.4 GB
-on the H200 machine, where the disk and /dev/shm serve several streams far faster. TieredReader keeps DCP's own
-per-file decoding for durable files (it calls FileSystemReader.read_data on one file's items at a time), decides
-where each file comes from and runs the files on a thread pool:
-- a file this pod holds in its node-local memory tier (memory_files: name -> folder) is read from there, straight
-  into the targets (shard_direct.py: no per-item decoding; device targets through small pinned buffers);
+on the H200 machine, where the disk and /dev/shm serve several streams far faster. TieredReader decides where each
+file comes from, runs the files on a thread pool and reads each straight into the targets (shard_direct.py: no
+per-item decoding; device targets through small pinned buffers; what cannot be copied byte for byte goes through
+FileSystemReader.read_data, DCP's own decoding, one file's items at a time):
+- a file this pod holds in its node-local memory tier (memory_files: name -> folder) is read from there;
 - every other file from the durable checkpoint folder (`path`), when it is known complete there (durable_sizes:
   name -> bytes written, from the per-rank durable markers of a checkpoint whose durable copy is still running;
   None for a committed folder, where every file is complete).
@@ -112,7 +112,7 @@ class ReadStats:
     state_bytes: int = (
         0  # the state this rank loaded (set by the caller: the files hold it with some framing)
     )
-    direct_bytes: int = 0  # read from memory-tier files straight into their targets (shard_direct.py)
+    direct_bytes: int = 0  # read straight into their targets (shard_direct.py), from either tier
     direct_seconds: dict[str, float] = field(default_factory=dict)  # thread-seconds per phase of those reads
 
     @property
@@ -211,7 +211,7 @@ class TieredReader(FileSystemReader):
             stats.files[tier] = stats.files.get(tier, 0) + 1
             stats.bytes[tier] = stats.bytes.get(tier, 0) + n
 
-        def read_one(name: str) -> shard_direct.DirectRead | None:
+        def read_one(name: str) -> shard_direct.DirectRead:
             tier, folder = self.sources.get(name, (TIER_DURABLE, self.durable_dir))
             view = copy.copy(self)  # DCP's own decoding, rooted at the file's folder
             view.path = view.fs.init_path(folder)
@@ -219,11 +219,8 @@ class TieredReader(FileSystemReader):
             def decode(items: list) -> None:
                 FileSystemReader.read_data(view, LoadPlan(items), planner).wait()
 
-            if tier == TIER_MEMORY:
-                path = os.path.join(folder, name)
-                return shard_direct.read_file(path, per_file[name], self.storage_data, planner, decode)
-            decode(per_file[name])
-            return None
+            path = os.path.join(folder, name)
+            return shard_direct.read_file(path, per_file[name], self.storage_data, planner, decode)
 
         started = time.monotonic()
         order = sorted(per_file, key=lambda n: -sizes[n])  # biggest first: the pool ends evenly
@@ -234,7 +231,7 @@ class TieredReader(FileSystemReader):
                 # the first failure propagates; DCP reports it on every rank
                 done = [f.result() for f in [pool.submit(read_one, name) for name in order]]
         stats.seconds = time.monotonic() - started
-        for d in filter(None, done):
+        for d in done:
             stats.add(ReadStats(direct_bytes=d.direct_bytes, direct_seconds=d.seconds))
         self.stats.add(stats)
         fut: Future = Future()
