@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -213,13 +214,47 @@ def test_sigterm_to_the_pods_processes_saves_before_the_agent_exits(procs, tmp_p
     )
     wait_for(lambda: report_step(report) >= 3, timeout=180, proc=p, what="training (step 3)")
     os.killpg(p.pid, signal.SIGTERM)
-    assert finish(p) != 0  # an agent stopped by a signal fails, as torchrun's does
+    assert finish(p) == 1  # an agent stopped by a signal fails, as torchrun's does, saying why
+    assert "SignalException: Process" in log_of(p)
     exits = [(e["rank"], e["code"], e["reason"]) for e in events_of(p) if e["event"] == "exit"]
     assert sorted(exits) == [(0, 75, "preempted"), (1, 75, "preempted")], log_of(p)[-3000:]
     term = read_json(tmp_path / "term")
     assert term["exitCode"] == 75 and list_steps(ckpt)[-1] == term["step"]
     started = [e for e in events_of(p) if e["event"] == "process_started"]
     assert len(started) == 2 and all(e["rank"] in (0, 1) for e in started)  # RANK, read after the fork
+
+
+FINALIZED = """
+import atexit, pathlib, sys
+from ftjob_trainer import launch
+here = pathlib.Path(sys.argv[1])
+atexit.register(lambda: (here / "atexit").write_text("ran"))
+class Finalized:  # a module global's finaliser runs only in the interpreter's own teardown
+    def __del__(self):
+        (here / "finalized").write_text("ran")
+KEEP = Finalized()
+try:
+    raise RuntimeError("stopped by a signal")
+except RuntimeError as e:
+    launch.exit_stopped(e)
+"""
+
+
+def test_a_stopped_agent_exits_1_with_its_traceback_and_atexit_but_without_the_teardown(tmp_path):
+    """What an uncaught exception does, less the interpreter's finalization (0.7 s with torch loaded)."""
+    script = tmp_path / "stopped.py"
+    script.write_text(FINALIZED)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1, done.stderr
+    assert "RuntimeError: stopped by a signal" in done.stderr and "Traceback" in done.stderr
+    assert (tmp_path / "atexit").read_text() == "ran"
+    assert not (tmp_path / "finalized").exists()
+    # the same script ending normally runs the finaliser: the check above can fail
+    script.write_text(FINALIZED.replace("launch.exit_stopped(e)", "pass"))
+    subprocess.run([sys.executable, str(script), str(tmp_path)], check=True, timeout=120)
+    assert (tmp_path / "finalized").read_text() == "ran"
 
 
 def test_the_agents_own_restarts_use_the_trainers_first_peer_stop_signal():
