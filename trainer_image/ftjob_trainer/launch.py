@@ -55,8 +55,8 @@ its peer-stop signal, not a preemption's SIGTERM (a correctness fix, not switcha
 
 A stopped agent exits without the interpreter's finalization. Once its workers are gone and it left the
 rendezvous, the agent prints the signal's traceback and exits 1 as torchrun does, after the atexit handlers, but
-without tearing down torch's modules and libraries: 0.7 s on two cores with the tiny model, which a replacement of
-the same pod name waits out.
+without tearing down torch's modules and libraries: 0.7 s on two cores with the tiny model, which a replacement that
+starts only once the old pod has ended would wait out (bench/RESULTS.md).
 
 Its start-up as events (contract.py): launcher_ready (the agent's imports), warm_imports_done (the forkserver's) and
 round_formed (each round the agent joined), so a replacement's path to its first worker reads as its parts.
@@ -466,7 +466,7 @@ def exit_stopped(error: BaseException) -> NoReturn:
     """The end of an agent stopped by a signal, whose workers are gone: what an uncaught exception does (its
     traceback, the atexit handlers, exit 1), less the interpreter's finalization."""
     sys.excepthook(type(error), error, error.__traceback__)
-    atexit._run_exitfuncs()  # logging's flush, multiprocessing's forkserver, torch's own
+    atexit._run_exitfuncs()  # logging's flush and multiprocessing's clean-up among them
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(1)

@@ -18,8 +18,8 @@ The copy is byte for byte, so an item takes this path only when nothing else is 
 checkpoint's tensor contiguous, the request a run of whole rows, the target contiguous, and the file's records in
 this machine's byte order (their `byteorder` entry; a file written elsewhere may differ). Everything else (a stream
 transform such as compression, a dtype change, a torch without the offset, another byte order) goes through DCP's
-own decoding (`fallback`). Neither way checks the records' CRC (torch.load does not either): a damaged header fails
-the read, damaged tensor bytes are not seen by either.
+own decoding (`fallback`). Neither way checks the records' CRC (DCP decodes with torch.load, which does not): a
+damaged header fails the read; damaged tensor bytes are seen by neither.
 """
 
 from __future__ import annotations

@@ -212,7 +212,7 @@ class TieredReader(FileSystemReader):
             stats.bytes[tier] = stats.bytes.get(tier, 0) + n
 
         def read_one(name: str) -> shard_direct.DirectRead:
-            tier, folder = self.sources.get(name, (TIER_DURABLE, self.durable_dir))
+            folder = self.sources.get(name, (TIER_DURABLE, self.durable_dir))[1]
             view = copy.copy(self)  # DCP's own decoding, rooted at the file's folder
             view.path = view.fs.init_path(folder)
 
