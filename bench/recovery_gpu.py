@@ -389,6 +389,7 @@ class Bench:
         return {
             "checkpoint_medium": recovery_limits.medium(Path(a.workdir) / "probe", a.probe_mb, threads),
             "dev_shm": recovery_limits.shm(a.probe_mb, threads),
+            "imports": recovery_limits.imports(),
         }
 
 

@@ -1,6 +1,8 @@
 """The machine's limits for a checkpoint load, measured in the same run as bench/recovery_gpu.py's recoveries:
 the checkpoint medium's write (fsync) and cold-read bandwidth, one stream and in parallel, with the page cache
-dropped before each read, and /dev/shm's (memory) write and read bandwidth. Stdlib only.
+dropped before each read, and /dev/shm's (memory) write and read bandwidth; and what a fresh launcher's forkserver
+imports, step by step, in fresh interpreters (the floor of a replacement that starts after the old pod ended).
+Stdlib only (the imports run in child interpreters).
 
 The page cache is dropped with `echo 3 > /proc/sys/vm/drop_caches` when that works (root, a writable /proc);
 otherwise each probe file is evicted with posix_fadvise(DONTNEED) (allowed: the files are fsynced). The method
@@ -10,8 +12,11 @@ used is part of the result.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -152,6 +157,37 @@ def shm(size_mb: int, threads: int, root: Path = Path("/dev/shm")) -> dict:
         "read_one_stream_gbps": _gbps(one, one_s),
         "read_parallel_gbps": _gbps(read, read_s),
     }
+
+
+# The forkserver's preload (ftjob_trainer.launch.preload_modules), each step after the ones before it; then whether
+# torch's modules came from compiled bytecode (a read-only install without .pyc compiles every module at each start).
+IMPORT_STEPS = """
+import importlib, importlib.util, json, os, sys, time
+steps = ["torch", "torch.distributed", "torch._dynamo", "ftjob_trainer.train", "ftjob_trainer.models"]
+out = {}
+for module in steps:
+    t = time.perf_counter()
+    importlib.import_module(module)
+    out[module] = round(time.perf_counter() - t, 4)
+out["bytecode_cached"] = os.path.exists(importlib.util.cache_from_source(sys.modules["torch._dynamo"].__file__))
+print(json.dumps(out))
+"""
+
+
+def imports(tries: int = 2) -> dict:
+    """Seconds of each step of the forkserver's imports (IMPORT_STEPS), each try in a fresh interpreter, and whether
+    torch's bytecode is cached; an error says what failed."""
+    runs = []
+    for _ in range(tries):
+        t = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, "-c", IMPORT_STEPS], capture_output=True, text=True, timeout=300
+        )
+        if done.returncode != 0:
+            last = done.stderr.strip().splitlines()[-1:]
+            return {"error": last[0] if last else f"exit {done.returncode}"}
+        runs.append(json.loads(done.stdout) | {"interpreter_s": round(time.perf_counter() - t, 4)})
+    return {"tries": runs}
 
 
 def evict_until(ckpt: Path, done: threading.Event, every_s: float = 0.1) -> None:

@@ -127,7 +127,7 @@ def markdown(result: dict, remarks: list[str] | None = None) -> str:
                 f"| /dev/shm: read, one stream / {shm['threads']} threads | {shm['read_one_stream_gbps']:.2f} / "
                 f"{shm['read_parallel_gbps']:.2f} |",
             ]
-        lines.append("")
+        lines += ["", *imports_line(limits.get("imports") or {})]
     done = [p for p in RECOVERY_PATHS if p in result["phases"] and "breakdown" in result["phases"][p]]
     if done:
         moments = [row["moment"] for row in result["phases"][done[0]]["breakdown"]]
@@ -238,3 +238,22 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def imports_line(imports: dict) -> list[str]:
+    """The forkserver's imports step by step, per try (recovery_limits.imports)."""
+    if not imports:
+        return []
+    if "error" in imports:
+        return [f"Imports in a fresh interpreter: failed ({imports['error']}).", ""]
+    tries = "; ".join(
+        ", ".join(f"{k} {v:.2f}" for k, v in t.items() if isinstance(v, float) and k != "interpreter_s")
+        + f" (interpreter {t['interpreter_s']:.2f})"
+        for t in imports["tries"]
+    )
+    cached = imports["tries"][0]["bytecode_cached"]
+    return [
+        f"Imports in a fresh interpreter, seconds per step as the forkserver takes them: {tries}; torch's "
+        f"bytecode cached: {'yes' if cached else 'no'}.",
+        "",
+    ]

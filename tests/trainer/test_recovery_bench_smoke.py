@@ -41,6 +41,13 @@ def test_recovery_bench_smoke_breaks_down_each_path(procs, tmp_path):
     assert medium["bytes"] == 16 << 20 and medium["cold_read_parallel_gbps"] > 0, medium
     assert medium["cache_drop"] in ("drop_caches", "fadvise") and medium["cold_read_one_stream_gbps"] > 0
     assert "error" in limits["dev_shm"] or limits["dev_shm"]["read_parallel_gbps"] > 0, limits
+    # the forkserver's imports, step by step in fresh interpreters (a replacement's floor)
+    tries = limits["imports"]["tries"]
+    assert len(tries) == 2 and all(t["torch"] > 0 and t["torch._dynamo"] > 0 for t in tries), tries
+    assert all(
+        t["interpreter_s"] > sum(v for k, v in t.items() if k in ("torch", "torch._dynamo")) for t in tries
+    )
+    assert "Imports in a fresh interpreter" in (out / "results.md").read_text()
 
     for path in ("replacement", "replacement_cold", "survivor", "spare", "notice"):
         d = doc["phases"][path]
