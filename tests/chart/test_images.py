@@ -195,6 +195,17 @@ def test_the_trainer_lock_pins_the_base_and_the_installed_extras_and_leaves_torc
         )
 
 
+def torch_bytecode(python: Path, source: str) -> Path:
+    """Where `python` keeps the compiled bytecode of torch's `source` file (found without importing torch, which
+    would compile what it imports)."""
+    code = (
+        "import importlib.util as u, os; "
+        f"print(u.cache_from_source(os.path.join(os.path.dirname(u.find_spec('torch').origin), {source!r})))"
+    )
+    done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    return Path(done.stdout.strip())
+
+
 def lock_pins(path: Path) -> dict[str, str]:
     pins = {}
     for line in path.read_text().splitlines():
@@ -318,9 +329,12 @@ def test_trainer_install_steps_keep_the_base_images_torch(tmp_path):
         timeout=900,
     )
     before = installed(python)["torch"]
+    dynamo_pyc = torch_bytecode(python, "_dynamo/__init__.py")
+    assert not dynamo_pyc.exists()  # a base image whose torch has no bytecode (installed --no-compile)
     replay(TRAINER, stage, tmp_path, env)
     after = installed(python)
     assert after["torch"] == before, f"pip replaced the base image's torch {before} with {after['torch']}"
+    assert dynamo_pyc.exists(), "the image must hold torch's bytecode: every worker would compile it at start"
     probe = subprocess.run(
         [
             str(python),
