@@ -94,6 +94,25 @@ def _verdict(met: bool | None) -> str:
     return {True: "met", False: "**NOT met**", None: "n/a"}[met]
 
 
+def imports_line(imports: dict) -> list[str]:
+    """The forkserver's imports step by step, per try (recovery_limits.imports)."""
+    if not imports:
+        return []
+    if "error" in imports:
+        return [f"Imports in a fresh interpreter: failed ({imports['error']}).", ""]
+    tries = "; ".join(
+        ", ".join(f"{k} {v:.2f}" for k, v in t.items() if isinstance(v, float) and k != "interpreter_s")
+        + f" (interpreter {t['interpreter_s']:.2f})"
+        for t in imports["tries"]
+    )
+    cached = imports["tries"][0]["bytecode_cached"]
+    return [
+        f"Imports in a fresh interpreter, seconds per step as the forkserver takes them: {tries}; torch's "
+        f"bytecode cached: {'yes' if cached else 'no'}.",
+        "",
+    ]
+
+
 def markdown(result: dict, remarks: list[str] | None = None) -> str:
     cfg, m = result["config"], result["machine"]
     lines = [
@@ -238,22 +257,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def imports_line(imports: dict) -> list[str]:
-    """The forkserver's imports step by step, per try (recovery_limits.imports)."""
-    if not imports:
-        return []
-    if "error" in imports:
-        return [f"Imports in a fresh interpreter: failed ({imports['error']}).", ""]
-    tries = "; ".join(
-        ", ".join(f"{k} {v:.2f}" for k, v in t.items() if isinstance(v, float) and k != "interpreter_s")
-        + f" (interpreter {t['interpreter_s']:.2f})"
-        for t in imports["tries"]
-    )
-    cached = imports["tries"][0]["bytecode_cached"]
-    return [
-        f"Imports in a fresh interpreter, seconds per step as the forkserver takes them: {tries}; torch's "
-        f"bytecode cached: {'yes' if cached else 'no'}.",
-        "",
-    ]
