@@ -159,13 +159,15 @@ def shm(size_mb: int, threads: int, root: Path = Path("/dev/shm")) -> dict:
     }
 
 
-# The forkserver's preload (ftjob_trainer.launch.preload_modules), each step after the ones before it; then whether
-# torch's modules came from compiled bytecode (a read-only install without .pyc compiles every module at each start).
+# The forkserver's preload for the built-in trainer (ftjob_trainer.launch.preload_modules, the one list), less its
+# first and last modules (a new session; an event), each step after the ones before it; then whether torch's modules
+# came from compiled bytecode (an install without .pyc compiles every module in each new interpreter).
 IMPORT_STEPS = """
 import importlib, importlib.util, json, os, sys, time
-steps = ["torch", "torch.distributed", "torch._dynamo", "ftjob_trainer.train", "ftjob_trainer.models"]
+from ftjob_trainer import launch
+preload = launch.preload_modules(["-m", launch.BUILTIN_TRAINER])
 out = {}
-for module in steps:
+for module in preload[1:-1]:
     t = time.perf_counter()
     importlib.import_module(module)
     out[module] = round(time.perf_counter() - t, 4)

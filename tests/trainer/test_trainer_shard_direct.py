@@ -58,7 +58,7 @@ def zeros() -> dict:
 
 def test_whole_tensors_come_from_the_mapping_and_plain_values_from_dcp(saved):
     path, shards = saved
-    out = {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else 0 for k, v in state().items()}
+    out = zeros()
     reader = load(path, shards, out)
     expected = state()
     assert all(torch.equal(out[k], v) for k, v in expected.items() if isinstance(v, torch.Tensor))
@@ -125,7 +125,7 @@ def test_a_file_in_another_byte_order_is_left_to_dcp(saved, tmp_path, monkeypatc
 def test_a_dtype_change_or_a_strided_target_is_decoded_by_dcp(saved):
     path, shards = saved
     expected = state()
-    out = {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else 0 for k, v in expected.items()}
+    out = zeros()
     out["t0"] = torch.zeros(64, 8, dtype=torch.float64)  # DCP converts; a byte copy could not
     strided = torch.zeros(8, 65).t()  # the right size, not contiguous
     out["t1"] = strided
@@ -178,6 +178,6 @@ def test_a_damaged_record_header_fails_the_read(saved):
         data = bytearray((path / name).read_bytes())
         data[:64] = b"\0" * 64  # the first record's zip header
         (path / name).write_bytes(bytes(data))
-    out = {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else 0 for k, v in state().items()}
+    out = zeros()
     with pytest.raises(CheckpointException):  # DCP's wrapper of a rank's read error (a BaseException)
         load(path, shards, out)
