@@ -98,6 +98,15 @@ def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
         "spare and notice paths evict: a node whose image was just pulled; default) or all (drop_caches where it "
         "can: torch's libraries read cold too, a node that never ran the image; replacement_cold always does)",
     )
+    p.add_argument(
+        "--pycache-prefix",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="every process of the bench reads and writes compiled bytecode under DIR (PYTHONPYCACHEPREFIX), the "
+        "forkserver's imports compiled before the first phase: a Python install with .pyc, as the trainer image "
+        "builds it (default: the install as it is, which may have none)",
+    )
     p.add_argument("--workdir", type=Path, default=None, help="checkpoints and probes (default: a temp dir)")
     a = p.parse_args(argv)
     prof = PROFILES[a.model]

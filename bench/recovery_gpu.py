@@ -38,6 +38,7 @@ DIR/results.md (bench/recovery_report.py), the trainer logs under DIR/<phase>/.
 
     python bench/recovery_gpu.py --out DIR                               # an H200: the 1b preset, batch 8 x 2048
     python bench/recovery_gpu.py --out DIR --model tiny --device cpu     # any CPU, in seconds
+    python bench/recovery_gpu.py --out DIR --pycache-prefix /tmp/pyc     # with .pyc, as the trainer image has it
 """
 
 from __future__ import annotations
@@ -440,6 +441,9 @@ def main(argv: list[str] | None = None) -> int:
         },
         "phases": {},
     }
+    if a.pycache_prefix:
+        result["bytecode"] = recovery_limits.cache_bytecode(a.pycache_prefix)
+        print(f"bytecode: {json.dumps(result['bytecode'])}", flush=True)
     phases = {
         "limits": bench.limits,
         "replacement": bench.replacement,

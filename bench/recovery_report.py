@@ -124,6 +124,15 @@ def markdown(result: dict, remarks: list[str] | None = None) -> str:
         f"{cfg['signal_after']} steps after the first periodic save started.",
         "",
     ]
+    if bytecode := result.get("bytecode"):
+        done = (
+            bytecode.get("error")
+            or f"the forkserver's imports compiled in {bytecode['compile_s']:.2f} s first"
+        )
+        lines += [
+            f"Bytecode: cached under {bytecode['prefix']} for every process (`--pycache-prefix`; {done}).",
+            "",
+        ]
     limits = result["phases"].get("limits") or {}
     if limits.get("error"):
         lines += [f"Limits: {limits['error']}", ""]

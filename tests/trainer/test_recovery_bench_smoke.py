@@ -27,6 +27,8 @@ def test_recovery_bench_smoke_breaks_down_each_path(procs, tmp_path):
         "cpu",
         "--probe-mb",
         "16",
+        "--pycache-prefix",  # every process's bytecode under its own folder, as in an image built with .pyc
+        str(tmp_path / "pyc"),
     ]
     p = procs.start([*bench, *args], name="recovery")
     assert finish(p, 400) == 0, log_of(p)[-4000:]
@@ -48,6 +50,12 @@ def test_recovery_bench_smoke_breaks_down_each_path(procs, tmp_path):
         t["interpreter_s"] > sum(v for k, v in t.items() if k in ("torch", "torch._dynamo")) for t in tries
     )
     assert "Imports in a fresh interpreter" in (out / "results.md").read_text()
+    # the bytecode was compiled under the prefix before the first phase, and the probe's interpreters read it there
+    assert doc["bytecode"]["compile_s"] > 0 and all(t["bytecode_cached"] for t in tries), doc["bytecode"]
+    assert any(
+        (tmp_path / "pyc").rglob("torch/_dynamo/__init__.*.pyc")
+    )  # the prefix mirrors the source's path
+    assert "Bytecode: cached under" in (out / "results.md").read_text()
 
     for path in ("replacement", "replacement_cold", "survivor", "spare", "notice"):
         d = doc["phases"][path]
