@@ -195,12 +195,12 @@ def test_the_trainer_lock_pins_the_base_and_the_installed_extras_and_leaves_torc
         )
 
 
-def torch_bytecode(python: Path, source: str) -> Path:
-    """Where `python` keeps the compiled bytecode of torch's `source` file (found without importing torch, which
-    would compile what it imports)."""
+def bytecode_of(python: Path, package: str, source: str) -> Path:
+    """Where `python` keeps the compiled bytecode of the `source` file of `package` (found without importing it,
+    which would compile what it imports)."""
     code = (
         "import importlib.util as u, os; "
-        f"print(u.cache_from_source(os.path.join(os.path.dirname(u.find_spec('torch').origin), {source!r})))"
+        f"print(u.cache_from_source(os.path.join(os.path.dirname(u.find_spec({package!r}).origin), {source!r})))"
     )
     done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True, timeout=120)
     return Path(done.stdout.strip())
@@ -329,12 +329,18 @@ def test_trainer_install_steps_keep_the_base_images_torch(tmp_path):
         timeout=900,
     )
     before = installed(python)["torch"]
-    dynamo_pyc = torch_bytecode(python, "_dynamo/__init__.py")
-    assert not dynamo_pyc.exists()  # a base image whose torch has no bytecode (installed --no-compile)
+    # a base image whose torch (and sympy, which came with it) has no bytecode: installed --no-compile
+    dynamo_pyc, sympy_pyc = (
+        bytecode_of(python, "torch", "_dynamo/__init__.py"),
+        bytecode_of(python, "sympy", "core/expr.py"),
+    )
+    assert not dynamo_pyc.exists() and not sympy_pyc.exists()
     replay(TRAINER, stage, tmp_path, env)
     after = installed(python)
     assert after["torch"] == before, f"pip replaced the base image's torch {before} with {after['torch']}"
     assert dynamo_pyc.exists(), "the image must hold torch's bytecode: every worker would compile it at start"
+    # sympy is not torch's: its bytecode comes from importing what the launcher's forkserver imports
+    assert sympy_pyc.exists(), "the image must hold the bytecode of what torch._dynamo imports (sympy)"
     probe = subprocess.run(
         [
             str(python),
