@@ -159,15 +159,14 @@ def shm(size_mb: int, threads: int, root: Path = Path("/dev/shm")) -> dict:
     }
 
 
-# The forkserver's preload for the built-in trainer (ftjob_trainer.launch.preload_modules, the one list), less its
-# first and last modules (a new session; an event), each step after the ones before it; then whether torch's modules
-# came from compiled bytecode (an install without .pyc compiles every module in each new interpreter).
+# The built-in trainer's forkserver imports (ftjob_trainer.launch.builtin_trainer_imports, the one list), each step
+# after the ones before it; then whether torch's modules came from compiled bytecode (an install without .pyc
+# compiles every module in each new interpreter).
 IMPORT_STEPS = """
 import importlib, importlib.util, json, os, sys, time
 from ftjob_trainer import launch
-preload = launch.preload_modules(["-m", launch.BUILTIN_TRAINER])
 out = {}
-for module in preload[1:-1]:
+for module in launch.builtin_trainer_imports():
     t = time.perf_counter()
     importlib.import_module(module)
     out[module] = round(time.perf_counter() - t, 4)
@@ -181,15 +180,21 @@ def imports(tries: int = 2) -> dict:
     torch's bytecode is cached; an error says what failed."""
     runs = []
     for _ in range(tries):
-        t = time.perf_counter()
-        done = subprocess.run(
-            [sys.executable, "-c", IMPORT_STEPS], capture_output=True, text=True, timeout=300
-        )
-        if done.returncode != 0:
-            last = done.stderr.strip().splitlines()[-1:]
-            return {"error": last[0] if last else f"exit {done.returncode}"}
-        runs.append(json.loads(done.stdout) | {"interpreter_s": round(time.perf_counter() - t, 4)})
+        step = _import_steps()
+        if "error" in step:
+            return step
+        runs.append(step)
     return {"tries": runs}
+
+
+def _import_steps() -> dict:
+    """IMPORT_STEPS in a fresh interpreter: its output with the interpreter's seconds, or the error's last line."""
+    t = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", IMPORT_STEPS], capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        last = done.stderr.strip().splitlines()[-1:]
+        return {"error": last[0] if last else f"exit {done.returncode}"}
+    return json.loads(done.stdout) | {"interpreter_s": round(time.perf_counter() - t, 4)}
 
 
 def cache_bytecode(prefix: Path) -> dict:
@@ -198,12 +203,10 @@ def cache_bytecode(prefix: Path) -> dict:
     launcher of each phase). Returns the seconds that took, or an error."""
     os.environ["PYTHONPYCACHEPREFIX"] = str(prefix)
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-    t = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", IMPORT_STEPS], capture_output=True, text=True, timeout=600)
-    if done.returncode != 0:
-        last = done.stderr.strip().splitlines()[-1:]
-        return {"prefix": str(prefix), "error": last[0] if last else f"exit {done.returncode}"}
-    return {"prefix": str(prefix), "compile_s": round(time.perf_counter() - t, 2)}
+    step = _import_steps()
+    if "error" in step:
+        return {"prefix": str(prefix), "error": step["error"]}
+    return {"prefix": str(prefix), "compile_s": round(step["interpreter_s"], 2)}
 
 
 def evict_until(ckpt: Path, done: threading.Event, every_s: float = 0.1) -> None:

@@ -127,6 +127,14 @@ def preload_modules(argv: list[str]) -> list[str]:
     return [*modules, FORKSERVER_LAST]
 
 
+def builtin_trainer_imports() -> list[str]:
+    """The modules the built-in trainer's forkserver imports, less the two with side effects (a new session, an
+    event): what the trainer image compiles at build and the recovery bench times."""
+    return [
+        m for m in preload_modules(["-m", BUILTIN_TRAINER]) if m not in (FORKSERVER_FIRST, FORKSERVER_LAST)
+    ]
+
+
 def start_forkserver(modules: list[str]) -> None:
     """Starts multiprocessing's forkserver; it imports `modules` in the background, in order."""
     multiprocessing.get_context("forkserver").set_forkserver_preload(modules)
