@@ -234,7 +234,14 @@ def test_crashing_trainer_spends_failure_budget_with_backoff(session, tmp_path):
     for gen in (1, 2):
         assert gen in backoffs, f"no backoffUntil seen before restart generation {gen}: {backoffs}"
         assert seen[gen] >= backoffs[gen] - 1.0, (gen, seen, backoffs)  # backoffUntil has 1 s resolution
-    events = [e for e in session.events() if (e.get("involvedObject") or {}).get("name") == name]
-    reasons = [e["reason"] for e in events]
-    assert reasons.count("RestartBackoff") >= 2 and "BackoffLimitExceeded" in reasons, reasons
+
+    # kopf posts events after the status patch that ends the job, so the last one may still be on its way.
+    def reasons_so_far():
+        reasons = [
+            e["reason"] for e in session.events() if (e.get("involvedObject") or {}).get("name") == name
+        ]
+        return reasons if "BackoffLimitExceeded" in reasons else None
+
+    reasons = wait_until(session, reasons_so_far, 30, "the BackoffLimitExceeded event", job=name)
+    assert reasons.count("RestartBackoff") >= 2, reasons
     print(json.dumps({"failures": st["failures"], "backoffUntil": backoffs}))
