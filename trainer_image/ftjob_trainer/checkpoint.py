@@ -27,14 +27,26 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from ftjob_trainer import contract, events, memory_tier
 from ftjob_trainer.checkpoint_copy import Commit, DurableCopies
 from ftjob_trainer.checkpoint_layout import Retention, committed_name
 from ftjob_trainer.checkpoint_load import Loaded, Loader, NothingLoadable  # noqa: F401 - re-exported
-from ftjob_trainer.checkpoint_save import InFlight, agree_save, emit_staged, on_staged, open_files, save_meta
+from ftjob_trainer.checkpoint_save import (
+    InFlight,
+    SaveFailed,
+    agree_save,
+    discard,
+    emit_staged,
+    on_staged,
+    open_files,
+    report_failure,
+    save_meta,
+)
 from ftjob_trainer.checkpoint_staging import STAGED_ASYNC, non_data_values, state_nbytes
 from ftjob_trainer.checkpoint_state import (  # noqa: F401 - the guard, re-exported (the seed's tests import it here)
+    any_rank,
     needs_manual_param_reload,
     params_on_device,
     state_of,
@@ -256,16 +268,24 @@ class Checkpointer:
             self.fence.refuse(None, "peer", "rank 0's fence check was refused: a newer world exists")
             events.emit(contract.EVENT_CHECKPOINT_SKIPPED, step=step, kind=kind, reason="fenced")
             return None
-        write_dir, writer = open_files(
-            self.store,
-            self.memory_root,
-            tmp,
-            step,
-            self.rank,
-            self.world_size,
-            direct=direct,
-            write_threads=self.write_threads,
-        )
+        error: OSError | None = None
+        try:
+            write_dir, writer = open_files(
+                self.store,
+                self.memory_root,
+                tmp,
+                step,
+                self.rank,
+                self.world_size,
+                direct=direct,
+                write_threads=self.write_threads,
+            )
+        except OSError as e:  # its first file: a disk that the last save filled fails here, maybe on one rank
+            error = e
+        # every rank learns it before DCP's collectives, which one rank alone would leave the others waiting in
+        if any_rank(self.pg, error is not None)[0]:
+            memory_dir = None if direct else memory_tier.rank_dir(self.memory_root, step, self.rank)
+            return self._failed(step, kind, tmp, memory_dir, error or "it failed on another rank")
         meta = save_meta(meta, step, self.world_size, save_id, kind, request_id)
         staging, upload = self.staging.submit(writer, step, kind, started, asynchronous)
         self.inflight = InFlight(
@@ -286,8 +306,31 @@ class Checkpointer:
         self.inflight.marks["submitted"] = time.monotonic() - started
         if asynchronous:
             return None
-        done = self._finish(synchronous=True)
+        done = self._finish_or_drop(synchronous=True)
         return done[1] if done else None
+
+    def _failed(
+        self, step: int, kind: str, tmp: str, memory_dir: str | None, error: BaseException | str
+    ) -> None:
+        """A save that failed on some rank (every rank calls this for it): its folders go, the last committed save
+        stays. A periodic or requested save is dropped and training goes on, as for an async one; a stop or final
+        save raises SaveFailed, so the process exits with an error that says what to fix."""
+        kept = self.last_committed[1] if self.last_committed else None
+        if_full = (
+            "size the pod's /dev/shm (the memory tier)"
+            if memory_dir
+            else "give the checkpoint volume room for --keep-last + 1 checkpoints"
+        )
+        message = report_failure(step, kind, error, kept, if_full)
+        # a full /dev/shm would fail every save: the durable tier alone from now on
+        if memory_dir and self.memory_root:
+            log.warning(
+                "memory tier %s disabled after the failure: size the pod's /dev/shm", self.memory_root
+            )
+            self.memory_root = None
+        discard(self.store, self.rank, tmp, memory_dir)
+        if kind in (KIND_STOP, KIND_FINAL):
+            raise SaveFailed(message) from (error if isinstance(error, BaseException) else None)
 
     def wait_for_staging(self) -> None:
         """Called right before optimizer.step(): the staged copy must be complete before params change."""
@@ -323,20 +366,14 @@ class Checkpointer:
             return None
         return self._finish_or_drop()
 
-    def _finish_or_drop(self) -> tuple[int, str, int | None] | None:
-        """Finish the in-flight save; if its background write failed (disk full, a lost peer; on every rank alike),
-        log it, remove its folders, return None: the last save stays current and the next one (a stop save) runs."""
+    def _finish_or_drop(self, synchronous: bool = False) -> tuple[int, str, int | None] | None:
+        """Finish the in-flight save; if its write failed (disk full, a lost peer; DCP tells every rank alike),
+        see _failed: the last save stays current and the next one (a stop save) runs."""
         f = self.inflight
         try:
-            return self._finish(synchronous=False)
-        except Exception as e:  # noqa: BLE001 - any failure of the background write means: not committed
-            f.report_failure(e, kept=self.last_committed[1] if self.last_committed else None)
-            if not f.direct:  # a full /dev/shm would fail every save: the durable tier alone from now on
-                log.warning(
-                    "memory tier %s disabled after the failure: size the pod's /dev/shm", self.memory_root
-                )
-                self.memory_root = None
-            f.discard(self.store, self.rank)
+            return self._finish(synchronous=synchronous)
+        except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
+            self._failed(f.step, f.kind, f.tmp, None if f.direct else f.write_dir, e)
             return None
 
     def _finish(self, *, synchronous: bool) -> tuple[int, str, int | None] | None:

@@ -34,6 +34,7 @@ from ftjob_trainer.checkpoint_layout import (
     rng_file,
     validate_memory_committed,
 )
+from ftjob_trainer.checkpoint_save import describe
 from ftjob_trainer.checkpoint_staging import state_nbytes
 from ftjob_trainer.checkpoint_state import MODEL_KEY, OPTIM_KEY, any_rank, params_on_device, state_of
 from ftjob_trainer.shard_io import ReadStats, TieredReader, resolve
@@ -110,7 +111,7 @@ class Loader:
                         loaded.held = held
                         self._emit_loaded(loaded, started)
                         return loaded
-            reason = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)
+            reason = describe(error)
             events.emit(
                 contract.EVENT_CHECKPOINT_REJECTED, step=step, path=path, error=reason, committed=committed
             )

@@ -6,6 +6,7 @@ their removal when the save failed. Below checkpoint.py, which decides when to s
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import os
 import random
@@ -165,29 +166,53 @@ class InFlight:
             request_id=self.request_id,
         )
 
-    def report_failure(self, error: Exception, kept: str | None) -> None:
-        """Its background write failed: not committed; `kept` is the last committed one, which stays."""
-        log.error(
-            "async checkpoint of step %d failed (%s: %s); not committed, the last committed one stays %s",
-            self.step,
-            type(error).__name__,
-            error,
-            kept,
-        )
-        events.emit(
-            contract.EVENT_CHECKPOINT_SKIPPED,
-            step=self.step,
-            kind=self.kind,
-            reason="failed",
-            error=f"{type(error).__name__}: {error}",
-        )
 
-    def discard(self, store: Any, rank: int) -> None:
-        """A failed save: remove this rank's memory folder, and (rank 0) the durable folder."""
-        if not self.direct:
-            shutil.rmtree(self.write_dir, ignore_errors=True)
-        if rank == 0:
-            store.discard(self.tmp)
+class SaveFailed(Exception):
+    """A stop or final save could not be written (a full disk, say): the process exits with an error that says so.
+    A periodic or requested save that fails is dropped instead, and training goes on (see Checkpointer.save)."""
+
+
+def _by_rank(error: BaseException) -> list[tuple[int | None, BaseException]]:
+    """DCP's CheckpointException (a BaseException) holds each failing rank's exception; its str() is every rank's
+    traceback."""
+    failures = getattr(error, "failures", None)
+    if isinstance(failures, dict) and failures:
+        return [(r, exc) for r, (exc, _) in sorted(failures.items())]
+    return [(None, error)]
+
+
+def describe(error: BaseException | str) -> str:
+    """The error in one line, with each failing rank's exception."""
+    if not isinstance(error, BaseException):
+        return str(error)
+    return "; ".join(
+        f"{'' if r is None else f'rank {r}: '}{type(exc).__name__}: {exc}" for r, exc in _by_rank(error)
+    )
+
+
+def report_failure(step: int, kind: str, error: BaseException | str, kept: str | None, if_full: str) -> str:
+    """A save that failed on some rank: not committed; `kept` is the last committed one, which stays. `if_full`
+    says what to do when the medium was full."""
+    what = describe(error)
+    if isinstance(error, BaseException) and any(
+        getattr(exc, "errno", None) == errno.ENOSPC for _, exc in _by_rank(error)
+    ):
+        what += f" (full: {if_full})"
+    log.error(
+        "checkpoint of step %d failed (%s); not committed, the last committed one stays %s", step, what, kept
+    )
+    events.emit(
+        contract.EVENT_CHECKPOINT_SKIPPED, step=step, kind=kind, reason="failed", error=what, kept=kept
+    )
+    return f"checkpoint of step {step} ({kind}) was not saved: {what}; the last committed one stays {kept}"
+
+
+def discard(store: Any, rank: int, tmp: str, memory_dir: str | None) -> None:
+    """A failed save's folders: this rank's memory folder, and (rank 0) the durable one; the space comes back."""
+    if memory_dir:
+        shutil.rmtree(memory_dir, ignore_errors=True)
+    if rank == 0:
+        store.discard(tmp)
 
 
 def emit_staged(step: int, kind: str, started: float) -> None:

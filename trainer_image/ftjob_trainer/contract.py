@@ -162,7 +162,8 @@ EVENT_CHECKPOINT_COMMITTED = "checkpoint_committed"
 # TIER_DURABLE (step-N committed on the volume); a save written straight to the volume has only the durable one
 EVENT_CHECKPOINT_SKIPPED = "checkpoint_skipped"
 # step, kind, reason: "deadline" (a stop save could not fit: estimate_s, deficit_s, kept), "already-committed"
-# (the stop step is committed already: kept), "failed" (an async save's write failed: error; not committed),
+# (the stop step is committed already: kept), "failed" (a save's write failed on some rank: error, kept; not
+# committed: a periodic or requested save is dropped and training goes on, a stop or final one ends the process),
 # "fenced" (a newer world exists: not written, or written and not committed; see ROUTE_FENCE)
 EVENT_STOP_SIGNAL = "stop_signal"
 # signal, signal_time (unix, recorded by the handler), step (the last finished), since_signal_s: the loop saw it

@@ -18,9 +18,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
 from ftjob_trainer import compile_cache, contract, events
 from ftjob_trainer.checkpoint import Checkpointer, NothingLoadable
+from ftjob_trainer.checkpoint_save import describe
 from ftjob_trainer.config import ConfigError, TrainConfig, parse_args, to_dict
 from ftjob_trainer.contract import KIND_FINAL, KIND_PERIODIC, KIND_REQUEST
 from ftjob_trainer.data import GlobalBatches, make_source
@@ -316,12 +318,14 @@ def main(argv: list[str] | None = None) -> int:
         error = str(e)
         write_termination_message(cfg.preemption.termination_log, _error_doc(code, error))
         _report_error(cfg, trainer, code, error)
-    except Exception as e:  # noqa: BLE001 - the exit code and termination message must say "error"
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - the exit code and message must say "error"
         if trainer is not None and trainer.fence.stale_now():
             code = _fenced_after_error(cfg, trainer, e)
         else:
             log.exception("training failed")
-            error = f"{type(e).__name__}: {e}"
+            error = describe(
+                e
+            )  # DCP's CheckpointException is a BaseException, its str() every rank's traceback
             write_termination_message(cfg.preemption.termination_log, _error_doc(code, error))
             _report_error(cfg, trainer, code, error)
     finally:
