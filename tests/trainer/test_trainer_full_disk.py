@@ -6,6 +6,8 @@ Given room, the same job resumes from the kept checkpoint and ends in the state 
 
 from __future__ import annotations
 
+import errno
+import os
 import subprocess
 
 import pytest
@@ -90,3 +92,101 @@ def test_a_full_disk_drops_periodic_saves_fails_the_final_one_clearly_and_loses_
     assert report["resumed_from_step"] == 2 and report["step"] == STEPS, report
     assert report["state_sha256"] == baseline["state_sha256"]
     assert list_steps(small_volume)[-1] == STEPS
+
+
+@pytest.mark.parametrize("kind", ["periodic", "final"])
+def test_a_commit_record_that_does_not_fit_is_dropped_or_fails_clearly(
+    world_of_one, tmp_path, captured_events, kind
+):
+    """The shards fit, the commit record (ftjob.json, rank 0's alone) does not: in a world of several ranks the
+    others learn it in the same collective. Here the OS's error is raised where the record is written."""
+    from engine_testlib import tiny_engine, train_step
+    from ftjob_trainer import contract
+    from ftjob_trainer.checkpoint import Checkpointer
+    from ftjob_trainer.checkpoint_layout import list_committed
+    from ftjob_trainer.checkpoint_save import SaveFailed
+
+    engine = tiny_engine()
+    ckpt = Checkpointer(str(tmp_path), keep_last=2, engine=engine, rank=0, world_size=1)
+    try:
+        train_step(engine, ckpt, 0)
+        assert ckpt.save(1, {}) is not None
+        train_step(engine, ckpt, 1)
+        real = ckpt.store.commit
+
+        def full(*_args, **_kwargs):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        ckpt.store.commit = full
+        if kind == "periodic":
+            assert ckpt.save(2, {}) is None, "a periodic save that did not fit is dropped"
+        else:
+            with pytest.raises(SaveFailed, match=r"checkpoint of step 2 \(final\) was not saved: OSError"):
+                ckpt.save(2, {}, kind=contract.KIND_FINAL, durable_now=True)
+        ckpt.store.commit = real
+        assert [s for s, _ in list_committed(str(tmp_path))] == [1]
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000000001"], (
+            "the failed save's folder must go"
+        )
+        skipped = [e for e in captured_events() if e["event"] == contract.EVENT_CHECKPOINT_SKIPPED]
+        assert [(e["step"], e["kind"], e["reason"]) for e in skipped] == [(2, kind, "failed")]
+        assert "No space left on device" in skipped[0]["error"] and "(full: " in skipped[0]["error"]
+        train_step(engine, ckpt, 2)  # the next save, with room, commits
+        assert ckpt.save(3, {}) is not None
+        assert [s for s, _ in list_committed(str(tmp_path))] == [3, 1]
+    finally:
+        ckpt.close()
+
+
+def _rank_whose_commit_record_does_not_fit(rank: int, init_file: str, ckpt_dir: str, out: str) -> None:
+    """One of two ranks (gloo, this machine): rank 0's commit record of step 2 does not fit."""
+    import json
+
+    import torch.distributed as dist
+    from engine_testlib import tiny_engine, train_step
+    from ftjob_trainer.checkpoint import Checkpointer
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    engine = tiny_engine()
+    ckpt = Checkpointer(ckpt_dir, keep_last=2, engine=engine, rank=rank, world_size=2)
+    got = []
+    for step in (1, 2, 3):
+        train_step(engine, ckpt, step - 1)
+        real = ckpt.store.commit
+        if rank == 0 and step == 2:
+
+            def full(*_args, **_kwargs):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+            ckpt.store.commit = full
+        got.append(ckpt.save(step, {}))
+        ckpt.store.commit = real
+    ckpt.close()
+    dist.destroy_process_group()
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(got, f)
+
+
+def test_two_ranks_both_drop_a_save_whose_commit_record_failed_on_rank_0(tmp_path):
+    """Rank 0 alone fails to write the record; rank 1 must not wait for it in a collective (it did: the save's
+    closing barrier, while rank 0 went on to the next step's): both drop step 2 and both commit step 3."""
+    import json
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    ckpt = tmp_path / "ckpt"
+    args = (str(tmp_path / "init"), str(ckpt), str(tmp_path))
+    ranks = [ctx.Process(target=_rank_whose_commit_record_does_not_fit, args=(r, *args)) for r in (0, 1)]
+    for p in ranks:
+        p.start()
+    for p in ranks:
+        p.join(120)
+    hung = [r for r, p in enumerate(ranks) if p.is_alive()]
+    for p in ranks:
+        p.kill()
+    assert not hung, f"ranks {hung} still waiting after 120 s: a rank was left in a collective"
+    assert [p.exitcode for p in ranks] == [0, 0]
+    step = [f"{ckpt}/step-{s:09d}" for s in (1, 3)]
+    for r in (0, 1):
+        assert json.loads((tmp_path / f"rank{r}.json").read_text()) == [step[0], None, step[1]]
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step-000000001", "step-000000003"]

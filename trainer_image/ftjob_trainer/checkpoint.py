@@ -381,18 +381,28 @@ class Checkpointer:
         assert f is not None
         self.inflight = None
         f.wait_written()
-        files = f.seal(self.rank)
-        if synchronous:
-            self._barrier()  # every rank's files are sealed before rank 0 records the save
+        # f.wait_written() raised on every rank alike (DCP gathers each rank's result); a marker or the commit
+        # record that does not fit fails on one rank only: see _agree_written
+        error: OSError | None = None
+        try:
+            files = f.seal(self.rank)
+        except OSError as e:
+            error = e
+        # also the barrier of a sync save: every rank's files are sealed before rank 0 records the save
+        self._agree_written(error, synchronous)
         final = os.path.join(self.root, committed_name(f.step))
         path, tier = (final, TIER_DURABLE) if f.all_direct else (f.tmp, TIER_MEMORY)
         elapsed = time.monotonic() - f.started
         # rank 0's rename (or ftjob.json) is the commit, if this world is still the newest (fence.py)
         refused = self.rank == 0 and not self.fence.allows_commit(f.step)
         if self.rank == 0 and not refused:
-            f.record(self.store, path, tier, elapsed)
-            if f.all_direct:
+            try:
+                f.record(self.store, path, tier, elapsed)
+            except OSError as e:
+                error = e
+            if f.all_direct and error is None:
                 self.retention.apply()
+        self._agree_written(error, synchronous)
         if synchronous:  # nobody reports (or exits on) a save before rank 0 recorded it, or was refused
             refused = self.fence.agree(self.pg, refused)[0]
         if refused:  # the newer world owns the shared folder: leave it (its next start cleans it up)
@@ -415,6 +425,15 @@ class Checkpointer:
             self.prune_memory(keep={f.step})
         log.info("checkpoint step %d saved (%s) at %s in %.2fs", f.step, tier, path, f.marks["done"])
         return f.step, path, f.request_id
+
+    def _agree_written(self, error: OSError | None, synchronous: bool) -> None:
+        """Raise if this rank's part of the save failed, or, in a sync save, any rank's (a collective): no rank
+        goes on to the next collective while another drops the save. An async save is finished by each rank's
+        poll() at its own time, so only the rank it failed on drops it (the others count it as saved)."""
+        if synchronous and any_rank(self.pg, error is not None)[0] and error is None:
+            raise RuntimeError("another rank could not write its part of the save")
+        if error is not None:
+            raise error
 
     def _settle_copy(self, *, supersede: bool) -> None:
         done = self.copies.settle(supersede=supersede) if self.copies is not None else None
