@@ -268,7 +268,7 @@ class Checkpointer:
             self.fence.refuse(None, "peer", "rank 0's fence check was refused: a newer world exists")
             events.emit(contract.EVENT_CHECKPOINT_SKIPPED, step=step, kind=kind, reason="fenced")
             return None
-        error: OSError | None = None
+        error: Exception | None = None
         try:
             write_dir, writer = open_files(
                 self.store,
@@ -280,7 +280,7 @@ class Checkpointer:
                 direct=direct,
                 write_threads=self.write_threads,
             )
-        except OSError as e:  # its first file: a disk that the last save filled fails here, maybe on one rank
+        except Exception as e:  # noqa: BLE001 - its first file: a disk the last save filled fails here, on some ranks
             error = e
         # every rank learns it before DCP's collectives, which one rank alone would leave the others waiting in
         if any_rank(self.pg, error is not None)[0]:
@@ -383,10 +383,10 @@ class Checkpointer:
         f.wait_written()
         # f.wait_written() raised on every rank alike (DCP gathers each rank's result); a marker or the commit
         # record that does not fit fails on one rank only: see _agree_written
-        error: OSError | None = None
+        error: Exception | None = None
         try:
             files = f.seal(self.rank)
-        except OSError as e:
+        except Exception as e:  # noqa: BLE001 - a full disk, an object store's error: not saved, on every rank
             error = e
         # also the barrier of a sync save: every rank's files are sealed before rank 0 records the save
         self._agree_written(error, synchronous)
@@ -398,7 +398,7 @@ class Checkpointer:
         if self.rank == 0 and not refused:
             try:
                 f.record(self.store, path, tier, elapsed)
-            except OSError as e:
+            except Exception as e:  # noqa: BLE001 - as for the markers above
                 error = e
             if f.all_direct and error is None:
                 self.retention.apply()
@@ -426,7 +426,7 @@ class Checkpointer:
         log.info("checkpoint step %d saved (%s) at %s in %.2fs", f.step, tier, path, f.marks["done"])
         return f.step, path, f.request_id
 
-    def _agree_written(self, error: OSError | None, synchronous: bool) -> None:
+    def _agree_written(self, error: Exception | None, synchronous: bool) -> None:
         """Raise if this rank's part of the save failed, or, in a sync save, any rank's (a collective): no rank
         goes on to the next collective while another drops the save. An async save is finished by each rank's
         poll() at its own time, so only the rank it failed on drops it (the others count it as saved)."""
