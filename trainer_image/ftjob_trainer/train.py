@@ -323,9 +323,8 @@ def main(argv: list[str] | None = None) -> int:
             code = _fenced_after_error(cfg, trainer, e)
         else:
             log.exception("training failed")
-            error = describe(
-                e
-            )  # DCP's CheckpointException is a BaseException, its str() every rank's traceback
+            # DCP's CheckpointException is a BaseException, and its str() is every rank's traceback
+            error = describe(e)
             write_termination_message(cfg.preemption.termination_log, _error_doc(code, error))
             _report_error(cfg, trainer, code, error)
     finally:
