@@ -94,6 +94,11 @@ def test_a_full_disk_drops_periodic_saves_fails_the_final_one_clearly_and_loses_
     assert list_steps(small_volume)[-1] == STEPS
 
 
+def _no_space(*_args, **_kwargs):
+    """The OS's error where the commit record is written: the disk is full."""
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
 @pytest.mark.parametrize("kind", ["periodic", "final"])
 def test_a_commit_record_that_does_not_fit_is_dropped_or_fails_clearly(
     world_of_one, tmp_path, captured_events, kind
@@ -113,11 +118,7 @@ def test_a_commit_record_that_does_not_fit_is_dropped_or_fails_clearly(
         assert ckpt.save(1, {}) is not None
         train_step(engine, ckpt, 1)
         real = ckpt.store.commit
-
-        def full(*_args, **_kwargs):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-        ckpt.store.commit = full
+        ckpt.store.commit = _no_space
         if kind == "periodic":
             assert ckpt.save(2, {}) is None, "a periodic save that did not fit is dropped"
         else:
@@ -154,11 +155,7 @@ def _rank_whose_commit_record_does_not_fit(rank: int, init_file: str, ckpt_dir: 
         train_step(engine, ckpt, step - 1)
         real = ckpt.store.commit
         if rank == 0 and step == 2:
-
-            def full(*_args, **_kwargs):
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-            ckpt.store.commit = full
+            ckpt.store.commit = _no_space
         got.append(ckpt.save(step, {}))
         ckpt.store.commit = real
     ckpt.close()
