@@ -66,7 +66,7 @@ def test_a_full_disk_drops_periodic_saves_fails_the_final_one_clearly_and_loses_
     assert term["reason"] == "error" and term["exitCode"] == contract.EXIT_ERROR, term
     msg = term["message"]
     assert msg.startswith(f"SaveFailed: checkpoint of step {STEPS} (final) was not saved"), msg
-    assert "No space left on device" in msg, msg
+    # the error itself varies with the write that hit the full disk (torch.save's zip writer says RuntimeError)
     assert "(full: give the checkpoint volume room for --keep-last + 1 checkpoints)" in msg, msg
     assert msg.endswith(f"the last committed one stays {small_volume}/step-000000002"), msg
     # the periodic saves that did not fit: dropped on both ranks, training went on to the last step
@@ -76,7 +76,7 @@ def test_a_full_disk_drops_periodic_saves_fails_the_final_one_clearly_and_loses_
     assert {(e["rank"], e["step"], e["kind"]) for e in failed} == {
         (r, s, k) for r in (0, 1) for s, k in ((4, "periodic"), (6, "periodic"), (STEPS, "final"))
     }, failed
-    assert all("No space left on device" in e["error"] for e in failed), failed
+    assert all("(full: give the checkpoint volume" in e["error"] for e in failed), failed
     assert all(e["kept"] == f"{small_volume}/step-000000002" for e in failed), failed
     steps = [e["step"] for e in events if e["event"] == contract.EVENT_STEP]
     assert max(steps) == STEPS, steps

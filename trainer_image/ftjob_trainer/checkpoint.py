@@ -321,7 +321,7 @@ class Checkpointer:
             if memory_dir
             else "give the checkpoint volume room for --keep-last + 1 checkpoints"
         )
-        message = report_failure(step, kind, error, kept, if_full)
+        message = report_failure(step, kind, error, kept, memory_dir or self.root, if_full)
         # a full /dev/shm would fail every save: the durable tier alone from now on
         if memory_dir and self.memory_root:
             log.warning(

@@ -190,13 +190,18 @@ def describe(error: BaseException | str) -> str:
     )
 
 
-def report_failure(step: int, kind: str, error: BaseException | str, kept: str | None, if_full: str) -> str:
+def report_failure(
+    step: int, kind: str, error: BaseException | str, kept: str | None, medium: str | None, if_full: str
+) -> str:
     """A save that failed on some rank: not committed; `kept` is the last committed one, which stays. `if_full`
-    says what to do when the medium was full."""
+    says what to do when the medium was full: an ENOSPC, or (torch.save's zip writer reports a full disk as a
+    RuntimeError, and a peer's error arrives without its cause) the medium left with under 1 MiB, its failed
+    files still on it."""
     what = describe(error)
-    if isinstance(error, BaseException) and any(
-        getattr(exc, "errno", None) == errno.ENOSPC for _, exc in _by_rank(error)
-    ):
+    if (
+        isinstance(error, BaseException)
+        and any(getattr(exc, "errno", None) == errno.ENOSPC for _, exc in _by_rank(error))
+    ) or _nearly_full(medium):
         what += f" (full: {if_full})"
     log.error(
         "checkpoint of step %d failed (%s); not committed, the last committed one stays %s", step, what, kept
@@ -205,6 +210,13 @@ def report_failure(step: int, kind: str, error: BaseException | str, kept: str |
         contract.EVENT_CHECKPOINT_SKIPPED, step=step, kind=kind, reason="failed", error=what, kept=kept
     )
     return f"checkpoint of step {step} ({kind}) was not saved: {what}; the last committed one stays {kept}"
+
+
+def _nearly_full(path: str | None) -> bool:
+    try:
+        return path is not None and shutil.disk_usage(path).free < 1 << 20
+    except OSError:  # gone, or an object store's URL
+        return False
 
 
 def discard(store: Any, rank: int, tmp: str, memory_dir: str | None) -> None:
