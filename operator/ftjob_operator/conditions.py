@@ -17,6 +17,7 @@ SUSPENDED = "Suspended"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 INVALID_SPEC = "InvalidSpec"
+CHECKPOINT_FAILING = "CheckpointFailing"  # the newest save was dropped: a resume would lose the steps since
 
 TRUE = "True"
 FALSE = "False"
@@ -45,11 +46,14 @@ REASON_SUSPENDED = "Suspended"
 REASON_RESUMED = "Resumed"
 REASON_SUCCEEDED = "Succeeded"
 REASON_INVALID_SPEC = "InvalidSpec"
+CHECKPOINT_FAILING = "CheckpointFailing"  # the newest save was dropped: a resume would lose the steps since
 REASON_SPEC_VALID = "SpecValid"
 REASON_SCALED_UP = "ScaledUp"
 REASON_SCALED_DOWN = "ScaledDown"
 REASON_TTL_EXPIRED = "TTLExpired"
 REASON_SPEC_CHANGED = "SpecChanged"  # the pods' template changed: restart them (they checkpoint on SIGTERM)
+REASON_CHECKPOINT_SAVE_FAILED = "CheckpointSaveFailed"  # the trainer dropped a save (full disk, ...)
+REASON_CHECKPOINT_SAVED = "CheckpointSaved"  # a checkpoint newer than the dropped save committed
 REASON_FINISHED = "Finished"  # Running/Restarting turned off because the job ended
 
 NORMAL = "Normal"
@@ -92,5 +96,15 @@ def set_condition(
     out = [c for c in conditions if c.get("type") != type_]
     out.append(new)
     # Stable order (the API's order of types) keeps status diffs small and tests readable.
-    order = [CREATED, RUNNING, RESTARTING, PREEMPTED, SUSPENDED, SUCCEEDED, FAILED, INVALID_SPEC]
+    order = [
+        CREATED,
+        RUNNING,
+        RESTARTING,
+        PREEMPTED,
+        SUSPENDED,
+        SUCCEEDED,
+        FAILED,
+        INVALID_SPEC,
+        CHECKPOINT_FAILING,
+    ]
     return sorted(out, key=lambda c: order.index(c["type"]) if c["type"] in order else len(order))

@@ -97,6 +97,7 @@ def test_status_field_names_and_vocabularies():
         "failures",
         "restarts",
         "lastCheckpoint",
+        "lastCheckpointFailure",
         "step",
         "image",
         "startTime",
@@ -156,6 +157,7 @@ def test_status_field_names_and_vocabularies():
         "Succeeded",
         "Failed",
         "InvalidSpec",
+        "CheckpointFailing",
     )
     assert set(api.FINISHED_PHASES) <= set(api.PHASES)
 

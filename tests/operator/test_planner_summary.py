@@ -7,7 +7,7 @@ from ftjob_operator import api, planner
 from ftjob_operator import conditions as cond
 from ftjob_operator.planner import plan, summary
 from ftjob_operator.planner.context import Context, Ending
-from tj_builders import NOW, healthy_status, job, running_observed, started
+from tj_builders import NOW, condition, healthy_status, job, reasons, running_observed, started
 
 
 def test_progress_lands_in_status():
@@ -93,3 +93,72 @@ def test_deleting_and_finished_keep_the_phase(ending, before):
 )
 def test_from_pods_the_phase_follows_what_runs(ctx_args, training, phase):
     assert summary.decide_phase(_ctx(**ctx_args), Ending.FROM_PODS, training) == phase
+
+
+# --- a save the trainer dropped (summary.record_checkpoint_failure) ---------------------------------------------
+FULL = (
+    "checkpoint of step 6 (periodic) was not saved: rank 0: OSError: [Errno 28] No space left on device (full: give "
+    "the checkpoint volume room for --keep-last + 1 checkpoints); the last committed one stays /ckpt/step-000000004"
+)
+
+
+def _failure(step: int = 6, time: str = "2026-01-01T11:59:30Z") -> dict:
+    return {"step": step, "kind": "periodic", "message": FULL, "kept": "/ckpt/step-000000004", "time": time}
+
+
+def _committed(step: int) -> dict:
+    return {"step": step, "path": f"/ckpt/step-{step:09d}", "time": "2026-01-01T11:59:00Z"}
+
+
+def test_a_dropped_save_sets_checkpoint_failing_once_and_a_later_commit_clears_it():
+    store = started()
+    store.progress = {"step": 7, "lastCheckpoint": _committed(4), "checkpointFailure": _failure()}
+    first = planner.plan(store.observe(), NOW)
+    store.apply(first)
+    failing = condition(store.status, cond.CHECKPOINT_FAILING)
+    assert (failing["status"], failing["reason"]) == ("True", "CheckpointSaveFailed")
+    assert failing["message"] == FULL
+    assert store.status["lastCheckpointFailure"] == _failure()
+    assert reasons(first).count("CheckpointSaveFailed") == 1
+    # the same report on the next pass (or after an operator restart): no second event, the condition stands
+    again = planner.plan(store.observe(), NOW)
+    store.apply(again)
+    assert "CheckpointSaveFailed" not in reasons(again)
+    assert condition(store.status, cond.CHECKPOINT_FAILING)["status"] == "True"
+    # a checkpoint of the failed step's own step or before does not end it; a later one does
+    store.progress["lastCheckpoint"] = _committed(6)
+    store.apply(planner.plan(store.observe(), NOW))
+    assert condition(store.status, cond.CHECKPOINT_FAILING)["status"] == "True"
+    store.progress["lastCheckpoint"] = _committed(8)
+    store.apply(planner.plan(store.observe(), NOW))
+    cleared = condition(store.status, cond.CHECKPOINT_FAILING)
+    assert (cleared["status"], cleared["reason"]) == ("False", "CheckpointSaved")
+    assert cleared["message"] == "step 8 committed after the failed save of step 6"
+    assert store.status["lastCheckpointFailure"]["step"] == 6  # the history stays
+    # a coordinator recreated since knows no failure: nothing changes
+    store.progress = {"step": 9, "lastCheckpoint": _committed(8)}
+    store.apply(planner.plan(store.observe(), NOW))
+    assert condition(store.status, cond.CHECKPOINT_FAILING)["status"] == "False"
+    # a new failure is a new event and sets it again
+    store.progress["checkpointFailure"] = _failure(10, "2026-01-01T11:59:50Z")
+    p = planner.plan(store.observe(), NOW)
+    store.apply(p)
+    assert reasons(p).count("CheckpointSaveFailed") == 1
+    assert condition(store.status, cond.CHECKPOINT_FAILING)["status"] == "True"
+
+
+def test_no_checkpoint_failing_condition_while_saves_succeed():
+    store = started()
+    store.progress = {"step": 7, "lastCheckpoint": _committed(4)}
+    store.apply(planner.plan(store.observe(), NOW))
+    assert cond.find(store.status["conditions"], cond.CHECKPOINT_FAILING) is None
+    assert "lastCheckpointFailure" not in store.status
+
+
+def test_a_long_failure_message_is_cut_and_a_failure_before_any_commit_counts():
+    store = started()
+    store.progress = {"step": 3, "checkpointFailure": dict(_failure(2), message="x" * 5000, kept=None)}
+    store.apply(planner.plan(store.observe(), NOW))
+    failing = condition(store.status, cond.CHECKPOINT_FAILING)
+    assert failing["status"] == "True" and len(failing["message"]) == 1024
+    assert failing["message"].endswith("...") and "kept" not in store.status["lastCheckpointFailure"]

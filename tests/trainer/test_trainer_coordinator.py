@@ -56,6 +56,11 @@ def test_token_is_required_and_the_api_answers(procs):
     assert code == 400 and "step" in doc["error"]
     code, doc = http("POST", base + "/v1/progress", TOKEN, {"stepp": 1})
     assert code == 400 and "unknown progress field" in doc["error"]
+    dropped = {"step": 6, "kind": "periodic", "message": "full", "kept": None, "time": "2026-01-01T00:00:00Z"}
+    code, doc = http("POST", base + "/v1/progress", TOKEN, {"checkpointFailure": dropped})
+    assert code == 200 and doc["checkpointFailure"] == dropped and doc["step"] == 7
+    code, doc = http("POST", base + "/v1/progress", TOKEN, {"checkpointFailure": {"step": 8}})
+    assert code == 400 and "checkpointFailure needs" in doc["error"]
     assert http("GET", base + "/v1/nothing", TOKEN)[0] == 404
     # the rendezvous half: a TCPStore server any client can use
     client = TCPStore(

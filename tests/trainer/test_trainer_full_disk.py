@@ -80,6 +80,14 @@ def test_a_full_disk_drops_periodic_saves_fails_the_final_one_clearly_and_loses_
     assert all(e["kept"] == f"{small_volume}/step-000000002" for e in failed), failed
     steps = [e["step"] for e in events if e["event"] == contract.EVENT_STEP]
     assert max(steps) == STEPS, steps
+    # the report (and so the coordinator: the job's CheckpointFailing condition) names the newest dropped save
+    dropped = read_json(tmp_path / "full.json")["last_checkpoint_failure"]
+    assert (dropped["step"], dropped["kind"], dropped["kept"]) == (
+        6,
+        "periodic",
+        f"{small_volume}/step-000000002",
+    )
+    assert dropped["message"].startswith("checkpoint of step 6 (periodic) was not saved"), dropped
     # nothing half-written stays to fill the volume: only the kept checkpoint
     assert sorted(p.name for p in small_volume.iterdir()) == ["step-000000002"]
     assert list_steps(small_volume) == [2]
@@ -132,6 +140,10 @@ def test_a_commit_record_that_does_not_fit_is_dropped_or_fails_clearly(
         skipped = [e for e in captured_events() if e["event"] == contract.EVENT_CHECKPOINT_SKIPPED]
         assert [(e["step"], e["kind"], e["reason"]) for e in skipped] == [(2, kind, "failed")]
         assert "No space left on device" in skipped[0]["error"] and "(full: " in skipped[0]["error"]
+        dropped = ckpt.take_failures()  # what the reporter hands the coordinator; a final save raised instead
+        assert [(f.step, f.kind, f.kept) for f in dropped] == (
+            [(2, "periodic", f"{tmp_path}/step-000000001")] if kind == "periodic" else []
+        )
         train_step(engine, ckpt, 2)  # the next save, with room, commits
         assert ckpt.save(3, {}) is not None
         assert [s for s, _ in list_committed(str(tmp_path))] == [3, 1]

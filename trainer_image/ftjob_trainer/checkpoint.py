@@ -6,7 +6,7 @@ durable before save() returns: a preempted pod's stop save (its memory goes with
 Once every rank's files are written, rank 0 writes ftjob.json into .tmp-step-N/: the memory commit (resumable by a
 world that can read every file it needs). Memory folders are then copied to the durable folder in the background
 (memory_tier.DurableCopy) and rank 0 renames the folder once every rank's files are durable: the commit. A save
-whose files all went straight to the durable folder commits at once. poll() hands the loop each commit, memory
+whose files all went straight to the durable folder commits at once. take_commits() hands the loop each commit, memory
 first, then durable: only durable ones may be reported as the job's lastCheckpoint.
 
 Here: `Staging` (how the state reaches DCP, under the seed's guard) and `Checkpointer` (when to save, what is saved
@@ -34,6 +34,7 @@ from ftjob_trainer.checkpoint_copy import Commit, DurableCopies
 from ftjob_trainer.checkpoint_layout import Retention, committed_name
 from ftjob_trainer.checkpoint_load import Loaded, Loader, NothingLoadable  # noqa: F401 - re-exported
 from ftjob_trainer.checkpoint_save import (
+    Failure,
     InFlight,
     SaveFailed,
     agree_save,
@@ -167,6 +168,7 @@ class Checkpointer:
         self.retention = Retention(self.store, keep_last) if root else None
         self.copies = DurableCopies(root, rank, self.retention, write_threads, self.fence) if root else None
         self._commits: list[Commit] = []
+        self._failures: list[Failure] = []
         self.pruning: threading.Thread | None = None  # deleting superseded memory copies (prune_memory)
         # DCP's collectives run on their own gloo group: an async save's background thread must not share a
         # communicator with the training loop's collectives.
@@ -321,7 +323,7 @@ class Checkpointer:
             if memory_dir
             else "give the checkpoint volume room for --keep-last + 1 checkpoints"
         )
-        message = report_failure(step, kind, error, kept, memory_dir or self.root, if_full)
+        failure = report_failure(step, kind, error, kept, memory_dir or self.root, if_full)
         # a full /dev/shm would fail every save: the durable tier alone from now on
         if memory_dir and self.memory_root:
             log.warning(
@@ -330,7 +332,8 @@ class Checkpointer:
             self.memory_root = None
         discard(self.store, self.rank, tmp, memory_dir)
         if kind in (KIND_STOP, KIND_FINAL):
-            raise SaveFailed(message) from (error if isinstance(error, BaseException) else None)
+            raise SaveFailed(failure.message) from (error if isinstance(error, BaseException) else None)
+        self._failures.append(failure)
 
     def wait_for_staging(self) -> None:
         """Called right before optimizer.step(): the staged copy must be complete before params change."""
@@ -338,19 +341,23 @@ class Checkpointer:
             self.inflight.staging.result()
             self.inflight.staging = None
 
-    def poll(self) -> list[Commit]:
+    def poll(self) -> None:
         """Non-blocking: finish an async save whose files are written (its memory commit, or its commit), reap a
-        finished durable copy; returns the commits since the last call. A background save that failed (disk or
-        /dev/shm full, a lost peer) is logged and dropped: the last save stays the one to resume from."""
+        finished durable copy (take_commits hands them on). A background save that failed (disk or /dev/shm full,
+        a lost peer) is logged and dropped (take_failures): the last save stays the one to resume from."""
         f = self.inflight
         if f is not None and (f.upload is None or f.upload.done()):
             self._finish_or_drop()
         if self.copies is not None and self.copies.done():
             self._settle_copy(supersede=False)
-        return self.take_commits()
 
     def take_commits(self) -> list[Commit]:
         out, self._commits = self._commits, []
+        return out
+
+    def take_failures(self) -> list[Failure]:
+        """The dropped saves since the last call (a stop or final save's failure raises SaveFailed instead)."""
+        out, self._failures = self._failures, []
         return out
 
     def pending_seconds(self) -> float:

@@ -167,6 +167,18 @@ class InFlight:
         )
 
 
+@dataclasses.dataclass
+class Failure:
+    """A save that failed on some rank and was not committed; `kept` is the newest durable commit then, which stays
+    the one to resume from (the operator's CheckpointFailing condition holds until a newer one commits)."""
+
+    step: int
+    kind: str
+    message: str
+    kept: str | None
+    time: str = dataclasses.field(default_factory=now_rfc3339)
+
+
 class SaveFailed(Exception):
     """A stop or final save could not be written (a full disk, say): the process exits with an error that says so.
     A periodic or requested save that fails is dropped instead, and training goes on (see Checkpointer.save)."""
@@ -192,7 +204,7 @@ def describe(error: BaseException | str) -> str:
 
 def report_failure(
     step: int, kind: str, error: BaseException | str, kept: str | None, medium: str | None, if_full: str
-) -> str:
+) -> Failure:
     """A save that failed on some rank: not committed; `kept` is the last committed one, which stays. `if_full`
     says what to do when the medium was full: an ENOSPC, or (torch.save's zip writer reports a full disk as a
     RuntimeError, and a peer's error arrives without its cause) the medium left with under 1 MiB, its failed
@@ -209,7 +221,8 @@ def report_failure(
     events.emit(
         contract.EVENT_CHECKPOINT_SKIPPED, step=step, kind=kind, reason="failed", error=what, kept=kept
     )
-    return f"checkpoint of step {step} ({kind}) was not saved: {what}; the last committed one stays {kept}"
+    message = f"checkpoint of step {step} ({kind}) was not saved: {what}; the last committed one stays {kept}"
+    return Failure(step, kind, message, kept)
 
 
 def _nearly_full(path: str | None) -> bool:

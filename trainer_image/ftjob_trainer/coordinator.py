@@ -41,6 +41,7 @@ PROGRESS_FIELDS = {
     "tokensPerSecond": float,
     "run": dict,
     "lastCheckpoint": dict,
+    "checkpointFailure": dict,
     "handledRequestId": int,
     "worldEpoch": int,  # the poster's world (ROUTE_WORLD): an older one than the newest is refused (409)
 }
@@ -97,6 +98,7 @@ class State:
             "run": None,
             "updatedAt": None,
             "lastCheckpoint": None,
+            "checkpointFailure": None,
             "checkpointRequest": None,
             "handledRequestId": 0,
             "lastError": None,
@@ -121,6 +123,12 @@ class State:
                 )
             if key == "lastCheckpoint" and value is not None and not {"step", "path"} <= set(value):
                 raise ValueError("lastCheckpoint needs at least step and path")
+            if (
+                key == "checkpointFailure"
+                and value is not None
+                and not {"step", "message", "kept"} <= set(value)
+            ):
+                raise ValueError("checkpointFailure needs at least step, message and kept")
         with self.lock:
             if body.get("worldEpoch") is not None:
                 self._check_epoch(body["worldEpoch"])  # a stale world's progress is not applied

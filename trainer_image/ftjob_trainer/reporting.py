@@ -9,6 +9,7 @@ from typing import Any
 
 from ftjob_trainer import contract
 from ftjob_trainer.checkpoint_copy import Commit
+from ftjob_trainer.checkpoint_save import Failure
 from ftjob_trainer.config import TrainConfig
 from ftjob_trainer.contract import TIER_DURABLE, now_rfc3339
 from ftjob_trainer.preemption import CoordinatorClient, atomic_write_json
@@ -35,6 +36,7 @@ class Reporter:
             "last_checkpoint_step": None,  # durable (on the checkpoint volume)
             "last_checkpoint": None,
             "memory_only_step": None,  # a newer save whose files are written, some only in a pod's memory tier
+            "last_checkpoint_failure": None,  # the newest dropped save (contract: checkpointFailure)
             "resumed_tier": None,  # where the load read rank 0's files: memory, durable or mixed
             "first_step": None,
             "data_cursor": 0,
@@ -62,10 +64,20 @@ class Reporter:
                 fields["handledRequestId"] = c.request_id
             self.client.post_progress(**fields)
 
+    def on_failure(self, f: Failure) -> None:
+        """A dropped save: the operator shows it (condition CheckpointFailing) until a checkpoint newer than
+        `kept` commits."""
+        doc = {"step": f.step, "kind": f.kind, "message": f.message, "kept": f.kept, "time": f.time}
+        self.doc["last_checkpoint_failure"] = doc
+        if self.client:
+            self.client.post_progress(checkpointFailure=doc)
+
     def take_commits(self, ckpt: Any) -> None:
-        """The commits the checkpointer made since it was last asked."""
+        """The commits the checkpointer made, and the saves it dropped, since it was last asked."""
         for c in ckpt.take_commits():
             self.on_commit(c)
+        for f in ckpt.take_failures():
+            self.on_failure(f)
 
     def post_progress(self, progress: RunProgress) -> None:
         if self.client:

@@ -177,8 +177,8 @@ class Trainer:
                 if cfg.checkpoint.checkpoint_dir:
                     # after one step the optimizer state exists: size the pinned staging buffers in the background
                     self.ckpt.warm_up()
-            for c in self.ckpt.poll():
-                self.report.on_commit(c)
+            self.ckpt.poll()
+            self.report.take_commits(self.ckpt)
             if step % report_every == 0 or step == cfg.run.steps:
                 value = self.global_loss(loss)
                 rate = tokens_per_step * steps_timed / (time.perf_counter() - t0)

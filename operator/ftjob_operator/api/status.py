@@ -15,7 +15,15 @@ from pydantic import Field, model_validator
 from .base import StatusModel
 
 ConditionType = Literal[
-    "Created", "Running", "Restarting", "Preempted", "Suspended", "Succeeded", "Failed", "InvalidSpec"
+    "Created",
+    "Running",
+    "Restarting",
+    "Preempted",
+    "Suspended",
+    "Succeeded",
+    "Failed",
+    "InvalidSpec",
+    "CheckpointFailing",
 ]
 CONDITION_TYPES: tuple[str, ...] = ConditionType.__args__  # type: ignore[attr-defined]
 Phase = Literal[
@@ -62,6 +70,19 @@ class CheckpointStatus(StatusModel):
         None, description="time the checkpoint was committed.", json_schema_extra={"format": "date-time"}
     )
     path: str | None = Field(None, description="path of the checkpoint directory inside the pods.")
+
+
+class CheckpointFailureStatus(StatusModel):
+    """The newest save the trainer dropped (a full checkpoint volume, say): training went on, and a resume would
+    start from `kept`. Condition CheckpointFailing holds until a newer checkpoint commits."""
+
+    step: int = Field(..., description="step of the save that failed.")
+    kind: str | None = Field(None, description="kind of save: periodic or request.")
+    message: str = Field(..., description="message says why, for each failing rank, and what to fix.")
+    kept: str | None = Field(None, description="kept is the committed checkpoint a resume would load then.")
+    time: str | None = Field(
+        None, description="time the save failed.", json_schema_extra={"format": "date-time"}
+    )
 
 
 class FailureStatus(StatusModel):
@@ -323,6 +344,9 @@ class TrainingJobStatus(StatusModel):
     restarts: int = Field(0, description="restarts counts job restarts after failures.")
     last_checkpoint: CheckpointStatus | None = Field(
         None, description="lastCheckpoint is the newest committed checkpoint."
+    )
+    last_checkpoint_failure: CheckpointFailureStatus | None = Field(
+        None, description="lastCheckpointFailure is the newest save the trainer dropped."
     )
     step: int | None = Field(None, description="step is the newest training step the coordinator reported.")
     image: str | None = Field(

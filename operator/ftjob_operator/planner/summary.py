@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ftjob_trainer import contract
+
 from .. import api, render
 from .. import conditions as cond
 from . import preemption, progress
@@ -35,6 +37,45 @@ def record_progress(ctx: Context) -> None:
             ctx.st.last_checkpoint = api.CheckpointStatus(
                 step=ck["step"], time=ck.get("time"), path=ck.get("path")
             )
+    record_checkpoint_failure(ctx, p.get("checkpointFailure"))
+
+
+def record_checkpoint_failure(ctx: Context, reported: Any) -> None:
+    """A save the trainer dropped (it trains on): a Warning event once, status.lastCheckpointFailure, and condition
+    CheckpointFailing until a checkpoint of a later step commits. Steps, not times: the trainer's commit times carry
+    whole seconds, and a save can fail within the second its predecessor committed."""
+    if isinstance(reported, dict) and isinstance(reported.get("step"), int):
+        new = api.CheckpointFailureStatus(
+            step=reported["step"],
+            kind=_text(reported.get("kind")),
+            message=_text(reported.get("message")) or "the trainer gave no message",
+            kept=_text(reported.get("kept")),
+            time=_text(reported.get("time")),
+        )
+        if new != ctx.st.last_checkpoint_failure:
+            ctx.st.last_checkpoint_failure = new
+            ctx.event(cond.WARNING, cond.REASON_CHECKPOINT_SAVE_FAILED, new.message)
+    failed, saved = ctx.st.last_checkpoint_failure, ctx.st.last_checkpoint
+    if failed is None:
+        return
+    if saved is None or saved.step <= failed.step:
+        ctx.condition(cond.CHECKPOINT_FAILING, cond.TRUE, cond.REASON_CHECKPOINT_SAVE_FAILED, failed.message)
+    elif cond.is_true(ctx.conds, cond.CHECKPOINT_FAILING):
+        ctx.condition(
+            cond.CHECKPOINT_FAILING,
+            cond.FALSE,
+            cond.REASON_CHECKPOINT_SAVED,
+            f"step {saved.step} committed after the failed save of step {failed.step}",
+        )
+
+
+def _text(value: Any) -> str | None:
+    """A string the trainer sent, cut to what a status field should hold (the start says which step and rank)."""
+    if not isinstance(value, str):
+        return None
+    return (
+        value if len(value) <= contract.ERROR_MESSAGE_MAX else value[: contract.ERROR_MESSAGE_MAX - 3] + "..."
+    )
 
 
 def conclude(ctx: Context, ending: Ending) -> None:
