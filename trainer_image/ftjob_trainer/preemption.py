@@ -5,6 +5,7 @@ Signal handlers only record that a signal came (and when); the training loop doe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -207,6 +208,11 @@ def write_termination_message(path: str, doc: dict) -> None:
 
 def atomic_write_json(path: str, doc: dict) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):  # a full disk keeps no half-written copy
+            os.unlink(tmp)
+        raise

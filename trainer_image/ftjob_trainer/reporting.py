@@ -4,6 +4,7 @@ run resumed and how it ended) and the progress posts to the coordinator. Owned b
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -15,6 +16,8 @@ from ftjob_trainer.contract import TIER_DURABLE, now_rfc3339
 from ftjob_trainer.preemption import CoordinatorClient, atomic_write_json
 from ftjob_trainer.progress import RunProgress
 
+log = logging.getLogger(__name__)
+
 
 class Reporter:
     """`doc` is the report; `client` the coordinator's (rank 0, when the job has a coordinator)."""
@@ -22,6 +25,7 @@ class Reporter:
     def __init__(self, cfg: TrainConfig, rank: int, world_size: int, fence: Any = None):
         self.path, self.rank, self.world_size = cfg.run.report, rank, world_size
         self.client: CoordinatorClient | None = None
+        self.write_failing = False
         url = cfg.preemption.coordinator_url
         if url and rank == 0:
             self.client = CoordinatorClient(
@@ -47,8 +51,17 @@ class Reporter:
         }
 
     def write(self) -> None:
-        if self.rank == 0 and self.path:
+        """Best effort: the report is an account of the run, not its state; a full volume (it often shares the
+        checkpoints') must not stop training. Warned once until a write succeeds again."""
+        if self.rank != 0 or not self.path:
+            return
+        try:
             atomic_write_json(self.path, dict(self.doc, updated_at=now_rfc3339()))
+            self.write_failing = False
+        except OSError as e:
+            if not self.write_failing:
+                log.warning("could not write the report %s (%s); training goes on", self.path, e)
+            self.write_failing = True
 
     def on_commit(self, c: Commit) -> None:
         """Only a durable commit is the job's lastCheckpoint: a memory-only one is lost with its pod."""

@@ -384,10 +384,7 @@ def _report_error(cfg: TrainConfig | None, trainer: Trainer | None, code: int, m
         trainer.report.doc.update(exit_code=code, reason=contract.REASON_ERROR, error=message)
         if trainer.step is not None:
             trainer.report.doc["step"] = trainer.step
-        try:
-            trainer.report.write()
-        except OSError as e:
-            log.warning("could not write the report (%s)", e)
+        trainer.report.write()
     url = cfg.preemption.coordinator_url if cfg else os.environ.get(contract.ENV_COORDINATOR_URL)
     rank = trainer.rank if trainer else int(os.environ.get("RANK", "0"))
     step = trainer.step if trainer else None
