@@ -6,8 +6,8 @@ durable before save() returns: a preempted pod's stop save (its memory goes with
 Once every rank's files are written, rank 0 writes ftjob.json into .tmp-step-N/: the memory commit (resumable by a
 world that can read every file it needs). Memory folders are then copied to the durable folder in the background
 (memory_tier.DurableCopy) and rank 0 renames the folder once every rank's files are durable: the commit. A save
-whose files all went straight to the durable folder commits at once. take_commits() hands the loop each commit, memory
-first, then durable: only durable ones may be reported as the job's lastCheckpoint.
+whose files all went straight to the durable folder commits at once. take_commits() hands the loop each commit,
+memory first, then durable: only durable ones may be reported as the job's lastCheckpoint.
 
 Here: `Staging` (how the state reaches DCP, under the seed's guard) and `Checkpointer` (when to save, what is saved
 where). Elsewhere: one save's files, markers and commit record checkpoint_save.py; loading checkpoint_load.py; the

@@ -75,8 +75,9 @@ ROUTE_FENCE = "/v1/fence"
 #         "firstStepTime": RFC 3339 | None (when this run finished its first step)} | None
 #   (rank 0 posts all of these with every progress post; times of the trainer carry microseconds)
 #   lastCheckpoint: {"step": int, "path": str, "time": RFC 3339 str} | None,
-#   checkpointFailure: {"step": int, "kind": str, "message": str, "kept": str | None (the newest committed checkpoint's
-#                       path then: it stays), "time": RFC 3339 str} | None   (the newest save that failed and was dropped)
+#   checkpointFailure: {"step": int, "kind": str, "message": str, "kept": str | None (the newest committed
+#                       checkpoint's path then: it stays), "time": RFC 3339 str} | None
+#                       (the newest save that failed and was dropped; training went on)
 #   checkpointRequest: {"id": int, "reason": str} | None   (the newest request; rank 0 compares ids)
 #   handledRequestId: int   (the newest request id a committed checkpoint answered)
 #   lastError: {"id", "pod", "rank", "exitCode", "message", "step", "time"} | None   (the newest error report)
