@@ -7,10 +7,9 @@ with room for one tiny checkpoint (22 MB) and not two; mounting it needs root (C
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 from e2e_lib import apply, job_status, pvc_dir, tiny_job, wait_until
+from support.tmpfs import grow, small_tmpfs
 
 pytestmark = pytest.mark.slow
 NAME = "full-volume"
@@ -25,17 +24,8 @@ def _condition(st: dict, type_: str) -> dict:
 
 @pytest.fixture
 def small_volume(session):
-    folder = pvc_dir(session, NAME)
-    folder.mkdir(parents=True)
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=30m", "tmpfs", str(folder)], capture_output=True, text=True
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
-    try:
+    with small_tmpfs(pvc_dir(session, NAME), "30m") as folder:  # one tiny checkpoint (22 MB) fits, two do not
         yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=False)
 
 
 def test_a_full_checkpoint_volume_shows_on_the_job_until_a_save_fits_again(session, small_volume):
@@ -64,7 +54,7 @@ def test_a_full_checkpoint_volume_shows_on_the_job_until_a_save_fits_again(sessi
     ]
     assert warnings and all(e["type"] == "Warning" for e in warnings), warnings
 
-    subprocess.run(["mount", "-o", "remount,size=200m", str(small_volume)], check=True)
+    grow(small_volume, "200m")
 
     def saved():
         st = job_status(session, NAME)

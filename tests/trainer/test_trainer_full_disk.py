@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
 
 import pytest
+from support.tmpfs import grow, small_tmpfs
 from trainer_testlib import TINY, finish, list_steps, log_of, read_json
 
 pytestmark = pytest.mark.slow
@@ -20,20 +20,8 @@ FITS_ONE = "30m"  # one tiny checkpoint (22 MB, two ranks) fits, a second does n
 
 @pytest.fixture
 def small_volume(tmp_path):
-    """A real filesystem that fills up. Mounting a tmpfs needs root (CAP_SYS_ADMIN): CI runs as root."""
-    folder = tmp_path / "ckpt"
-    folder.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={FITS_ONE}", "tmpfs", str(folder)],
-        capture_output=True,
-        text=True,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "ckpt", FITS_ONE) as folder:
         yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=False)
 
 
 def run(procs, tmp, name, args):
@@ -93,7 +81,7 @@ def test_a_full_disk_drops_periodic_saves_fails_the_final_one_clearly_and_loses_
     assert list_steps(small_volume) == [2]
 
     # given room (a larger volume), the same job resumes from the kept step and ends where the baseline did
-    subprocess.run(["mount", "-o", "remount,size=200m", str(small_volume)], check=True)
+    grow(small_volume, "200m")
     resumed, code = run(procs, tmp_path, "resumed", args)
     assert code == 0, log_of(resumed)[-3000:]
     report = read_json(tmp_path / "resumed.json")
