@@ -36,7 +36,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from ftjob_trainer import contract, events  # noqa: E402
-from ftjob_trainer.checkpoint import STAGED_ASYNC, Checkpointer  # noqa: E402
+from ftjob_trainer.checkpoint import Checkpointer  # noqa: E402
+from ftjob_trainer.checkpoint_staging import STAGED_ASYNC  # noqa: E402
 from ftjob_trainer.config import DataConfig, ModelConfig, OptimizerConfig, ParallelConfig  # noqa: E402
 from ftjob_trainer.data import GlobalBatches, make_source  # noqa: E402
 from ftjob_trainer.engine import Engine, build_model  # noqa: E402

@@ -11,8 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from ftjob_trainer import checkpoint as ckpt_mod
-from ftjob_trainer import checkpoint_state
+from ftjob_trainer import checkpoint_staging, checkpoint_state
 from ftjob_trainer.checkpoint import Checkpointer, needs_manual_param_reload
 from ftjob_trainer.config import ModelConfig, OptimizerConfig, ParallelConfig
 from ftjob_trainer.engine import Engine, build_model, state_sha256
@@ -72,10 +71,10 @@ def test_seed_crash_reproduces_without_the_guard_on_plain_fsdp2(world_of_one):
 def test_checkpointer_crashes_with_the_guard_removed(world_of_one, tmp_path, monkeypatch):
     engine = make(cpu_offload=True)
     one_step(engine)
-    # the guard is read where the params are moved (checkpoint_state.params_on_device) and in checkpoint.py
+    # the guard is read where the params are moved (checkpoint_state.params_on_device) and in checkpoint_staging.py
     # (Staging: warm_up, and the wait for staging before by-hand offloaded params go back to the host)
     monkeypatch.setattr(checkpoint_state, "needs_manual_param_reload", unguarded)
-    monkeypatch.setattr(ckpt_mod, "needs_manual_param_reload", unguarded)
+    monkeypatch.setattr(checkpoint_staging, "needs_manual_param_reload", unguarded)
     with pytest.raises(RuntimeError, match=STORAGE_ERROR):
         Checkpointer(str(tmp_path), 2, engine, 0, 1).save(1, {})
 

@@ -187,3 +187,80 @@ def test_two_ranks_both_drop_a_save_whose_commit_record_failed_on_rank_0(tmp_pat
     for r in (0, 1):
         assert json.loads((tmp_path / f"rank{r}.json").read_text()) == [step[0], None, step[1]]
     assert sorted(p.name for p in ckpt.iterdir()) == ["step-000000001", "step-000000003"]
+
+
+def _rank_whose_async_memory_marker_does_not_fit(rank: int, init_file: str, root: str, out: str) -> None:
+    """One of two ranks with a memory tier: rank 1's marker of the async save of step 2 does not fit (its
+    /dev/shm filled up after DCP wrote). Each rank finishes an async save at its own poll()."""
+    import json
+    import time
+
+    import torch.distributed as dist
+    from engine_testlib import tiny_engine, train_step
+    from ftjob_trainer import contract, memory_tier
+    from ftjob_trainer.checkpoint import Checkpointer
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    engine = tiny_engine()
+    shm = os.path.join(root, f"shm{rank}")  # each rank its own pod's memory
+    ckpt = Checkpointer(
+        os.path.join(root, "ckpt"), keep_last=2, engine=engine, rank=rank, world_size=2, memory_root=shm
+    )
+    real = memory_tier.write_marker
+    if rank == 1:
+        memory_tier.write_marker = lambda path, *a, durable, **k: (
+            _no_space() if not durable and "step-000000002" in path else real(path, *a, durable=durable, **k)
+        )
+    train_step(engine, ckpt, 0)
+    ckpt.save(1, {})  # memory-committed; its durable copy follows
+    train_step(engine, ckpt, 1)
+    ckpt.save(2, {}, asynchronous=True)
+    while ckpt.inflight is not None:  # each rank finishes it alone: rank 1 drops it, rank 0 memory-commits it
+        ckpt.poll()
+        time.sleep(0.01)
+    memory_tier.write_marker = real
+    train_step(engine, ckpt, 2)
+    third = ckpt.save(3, {})
+    final = ckpt.save(4, {}, kind=contract.KIND_FINAL, durable_now=True)
+    failures = [(f.step, f.kind, f.message) for f in ckpt.take_failures()]
+    ckpt.close()
+    dist.destroy_process_group()
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump({"third": third, "final": final, "failures": failures}, f)
+
+
+def test_an_async_save_one_rank_dropped_alone_is_dropped_by_every_rank(tmp_path):
+    """Rank 1 alone drops the async save of step 2. Rank 0 memory-committed it and would have waited for rank 1's
+    durable copy forever (its next save waits for that copy, rank 1 in the save's collective: a hang); now every rank
+    drops step 2 at the next save, rank 0 reports it, and steps 3 and 4 commit."""
+    import json
+    import multiprocessing
+    import time
+
+    from ftjob_trainer.checkpoint_layout import list_committed
+
+    ctx = multiprocessing.get_context("spawn")
+    args = (str(tmp_path / "init"), str(tmp_path), str(tmp_path))
+    ranks = [
+        ctx.Process(target=_rank_whose_async_memory_marker_does_not_fit, args=(r, *args)) for r in (0, 1)
+    ]
+    for p in ranks:
+        p.start()
+    deadline = time.monotonic() + 120
+    for p in ranks:
+        p.join(max(0.0, deadline - time.monotonic()))
+    hung = [r for r, p in enumerate(ranks) if p.is_alive()]
+    for p in ranks:
+        p.kill()
+    assert not hung, f"ranks {hung} still waiting after 120 s: a rank was left in a collective"
+    assert [p.exitcode for p in ranks] == [0, 0]
+    ckpt = tmp_path / "ckpt"
+    got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [g["final"] for g in got] == [f"{ckpt}/step-000000004"] * 2, got
+    assert [s for s, _ in list_committed(str(ckpt))][0] == 4
+    assert not (ckpt / ".tmp-step-000000002").exists(), sorted(p.name for p in ckpt.iterdir())
+    # each rank says so: rank 1 why, rank 0 that another rank could not finish it
+    assert [(s, k) for s, k, _ in got[0]["failures"]] == [(2, "periodic")], got[0]
+    assert "another rank could not finish its part" in got[0]["failures"][0][2], got[0]
+    assert [(s, k) for s, k, _ in got[1]["failures"]] == [(2, "periodic")], got[1]
+    assert "No space left on device" in got[1]["failures"][0][2], got[1]

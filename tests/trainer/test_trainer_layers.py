@@ -3,8 +3,8 @@ contract.py, which the operator and the local cluster import too, stays stdlib o
 
 Bottom to top (docs/INTERFACES.md): contract, the model registry and the leaves that import nothing of the package
 -> events, preemption, progress, shard_io -> config, fence -> data, the models, engine, checkpoint_store -> the
-checkpointer's parts (checkpoint_copy, checkpoint_save, checkpoint_load) -> checkpoint, startup -> the loop's parts
-(reporting, stopping) -> the entry points (train, launch, coordinator). Every import statement counts, also one
+checkpointer's parts (checkpoint_copy, checkpoint_save, checkpoint_load, checkpoint_staging) -> checkpoint, startup
+-> the loop's parts (reporting, stopping) -> the entry points (train, launch, coordinator). Every import statement counts, also one
 inside a function.
 """
 
@@ -27,7 +27,6 @@ LAYERS = {
     "shard_direct": 0,
     "checkpoint_layout": 0,
     "checkpoint_state": 0,
-    "checkpoint_staging": 0,
     "parallelize": 0,
     "compile_cache": 0,
     "warm_worker": 0,
@@ -50,6 +49,7 @@ LAYERS = {
     "checkpoint_copy": 4,
     "checkpoint_save": 4,
     "checkpoint_load": 4,
+    "checkpoint_staging": 4,  # Staging: the state to DCP under the guard, and the staging events
     "checkpoint": 5,
     "startup": 5,
     "reporting": 6,

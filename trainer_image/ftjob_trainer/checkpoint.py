@@ -9,10 +9,10 @@ world that can read every file it needs). Memory folders are then copied to the 
 whose files all went straight to the durable folder commits at once. take_commits() hands the loop each commit,
 memory first, then durable: only durable ones may be reported as the job's lastCheckpoint.
 
-Here: `Staging` (how the state reaches DCP, under the seed's guard) and `Checkpointer` (when to save, what is saved
-where). Elsewhere: one save's files, markers and commit record checkpoint_save.py; loading checkpoint_load.py; the
-durable copy checkpoint_copy.py; the on-disk layout, commit and retention checkpoint_layout.py; what this torch can
-stage checkpoint_staging.py.
+Here: `Checkpointer` (when to save, what is saved where). Elsewhere: how the state reaches DCP, under the seed's
+guard, and what this torch can stage checkpoint_staging.py; one save's files, markers and commit record
+checkpoint_save.py; loading checkpoint_load.py; the durable copy checkpoint_copy.py; the on-disk layout, commit and
+retention checkpoint_layout.py.
 """
 
 from __future__ import annotations
@@ -24,9 +24,7 @@ import threading
 import time
 from typing import Any
 
-import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ftjob_trainer import contract, events, memory_tier
@@ -39,99 +37,20 @@ from ftjob_trainer.checkpoint_save import (
     SaveFailed,
     agree_save,
     discard,
-    emit_staged,
-    on_staged,
     open_files,
     report_failure,
     save_meta,
 )
-from ftjob_trainer.checkpoint_staging import STAGED_ASYNC, non_data_values, state_nbytes
+from ftjob_trainer.checkpoint_staging import Staging
 from ftjob_trainer.checkpoint_state import (  # noqa: F401 - the guard, re-exported (the seed's tests import it here)
     any_rank,
     needs_manual_param_reload,
-    params_on_device,
-    state_of,
 )
 from ftjob_trainer.checkpoint_store import open_store
 from ftjob_trainer.contract import KIND_FINAL, KIND_PERIODIC, KIND_STOP, TIER_DURABLE, TIER_MEMORY
 from ftjob_trainer.fence import Fence
 
-if STAGED_ASYNC:
-    from ftjob_trainer.checkpoint_staging import new_stager
-
 log = logging.getLogger(__name__)
-
-
-class Staging:
-    """Hands the engine's state to DCP, one save at a time: under the guard (params on the device only when the
-    engine offloaded them by hand), staged into pinned host buffers that every save reuses when this torch can,
-    and checked once for what the stager may deep-copy. Owned by the Checkpointer."""
-
-    def __init__(self, engine: Any, pg: Any):
-        self.engine, self.pg = engine, pg
-        self.stager = (
-            None  # its pinned buffers: allocated by the first save (or warm_up), reused by later ones
-        )
-        self.state_bytes = 0  # this rank's tensor bytes, measured by the first save
-
-    def state(self) -> dict:
-        return state_of(self.engine)
-
-    def _get_stager(self):
-        if self.stager is None:
-            self.stager = new_stager()
-        return self.stager
-
-    def warm_up(self):
-        """Size the pinned buffers now (see Checkpointer.warm_up); the staging Future, or None."""
-        if not (STAGED_ASYNC and torch.cuda.is_available()):
-            return None
-        if needs_manual_param_reload(self.engine) or self.stager is not None:
-            return None  # by-hand offload, or the buffers already exist
-        return self._get_stager().stage(self.state())
-
-    def submit(
-        self, writer: Any, step: int, kind: str, started: float, asynchronous: bool
-    ) -> tuple[Any, Any]:
-        """Collective: start DCP's save of the state into writer. Returns the (staging, upload) Futures; both None
-        for a sync save on a torch without staged async_save (it is written when this returns)."""
-        with params_on_device(self.engine):
-            state = self.state()
-            if not self.state_bytes:  # the first save: check once what the stager will deep-copy
-                bad = non_data_values(state)
-                if bad:
-                    raise TypeError(
-                        "the checkpoint state may hold only tensors and plain data (the async stager deep-copies "
-                        f"it); move these into the step's metadata or drop them: {bad[:5]}"
-                    )
-                self.state_bytes = state_nbytes(state)
-            if STAGED_ASYNC:
-                # Sync saves (the preemption save) take the same path and wait: copying into the pinned buffers the
-                # periodic saves already hold beats DCP's pageable per-tensor copies in the writer threads.
-                stager = self._get_stager()
-                if torch.cuda.is_available():
-                    stager.ready = torch.cuda.Event()
-                    stager.ready.record()  # after the last kernel that changes the state
-                resp = dcp.async_save(
-                    state, storage_writer=writer, process_group=self.pg, async_stager=stager
-                )
-                staging, upload = resp.staging_completion, resp.upload_completion
-                staging.add_done_callback(on_staged(step, kind, started))
-                if needs_manual_param_reload(self.engine):
-                    staging.result()  # the params move back to the host right after this block
-            elif not asynchronous:
-                dcp.save(state, storage_writer=writer, process_group=self.pg)
-                staging = upload = None
-            else:  # older torch: async_save stages synchronously (no pinned reuse), then writes in the background
-                upload, staging = dcp.async_save(state, storage_writer=writer, process_group=self.pg), None
-                emit_staged(step, kind, started)
-        return staging, upload
-
-    def close(self) -> None:
-        """Release the pinned buffers."""
-        if self.stager is not None:
-            self.stager.close()
-            self.stager = None
 
 
 class Checkpointer:
@@ -162,6 +81,10 @@ class Checkpointer:
         self.inflight: InFlight | None = None
         self.last_committed: tuple[int, str] | None = None  # newest durable commit: the one to report
         self.last_saved: tuple[int, str] | None = None  # newest save whose files are all written (any tier)
+        self.last_saved_kind: str | None = None
+        self._dropped: int | None = (
+            None  # a save this rank dropped, until every rank agreed (saved_everywhere)
+        )
         self.save_seconds: float | None = None  # measured: last save from start to its durable commit
         self.save_phases: dict = {}
         self.store = open_store(root) if root else None  # a folder, or an object store URL (no memory tier)
@@ -244,16 +167,13 @@ class Checkpointer:
             asynchronous=asynchronous,
             waits_for=self.inflight.step if self.inflight else None,  # an async save to finish first
         )
-        if self.inflight and self.inflight.step == step and not asynchronous:
-            self.drain()  # an async save of this very step is in flight: finishing it is enough
-            self._barrier()
-        if self.last_saved and self.last_saved[0] == step:  # this exact state is saved already
+        self.drain()  # an async save of this very step in flight: finishing it may be enough
+        if self.saved_everywhere(step):  # this exact state is saved already
             if kind == KIND_FINAL:  # the job ends here: its last save must be committed, not only copied
                 self._settle_copy(supersede=False)
             elif durable_now:
                 self.wait_own_files_durable()
             return self.last_saved[1]
-        self.drain()
         # a newer stop or final save supersedes the durable copy of an older one; any other save waits for it, so
         # the durable tier never falls more than one save behind
         self._settle_copy(supersede=kind in (KIND_STOP, KIND_FINAL))
@@ -331,9 +251,40 @@ class Checkpointer:
             )
             self.memory_root = None
         discard(self.store, self.rank, tmp, memory_dir)
+        self._dropped = step
         if kind in (KIND_STOP, KIND_FINAL):
             raise SaveFailed(failure.message) from (error if isinstance(error, BaseException) else None)
         self._failures.append(failure)
+
+    def saved_everywhere(self, step: int) -> bool:
+        """Collective, once this rank's save in flight is finished (drain(): DCP's background write uses the same
+        group): whether every rank has `step` saved. Each rank finishes an async save at its own poll(), so a
+        marker or commit record that failed on some ranks was dropped by those alone; the others drop it here too.
+        Else one rank would skip a save that another makes, or rank 0 wait forever for the durable copy of files
+        another rank deleted."""
+        assert self.inflight is None, "saved_everywhere() needs the in-flight save finished (drain())"
+        mine = self.last_saved is not None and self.last_saved[0] == step
+        dropped, unsaved = any_rank(self.pg, self._dropped is not None, not mine)
+        dropped_here, self._dropped = self._dropped, None
+        if not dropped:
+            return not unsaved
+        finished = None if dropped_here is not None else self.last_saved  # the save another rank dropped
+        if finished and self.copies is not None and self.copies.step == finished[0]:
+            self._settle_copy(supersede=True)
+        self._barrier()  # no rank writes into the dropped save's folder any more
+        if self.rank == 0:  # (again, if it dropped it itself: another rank's copy may have written since)
+            self.store.discard(self.store.save_path(dropped_here if finished is None else finished[0]))
+        if finished:
+            done = self.store.list_committed()
+            self.last_committed = done[0] if done else None
+            self.last_saved = self.last_committed
+            kept = self.last_committed[1] if self.last_committed else None
+            error = (
+                "another rank could not finish its part of the save (its checkpoint_skipped event says why)"
+            )
+            kind = self.last_saved_kind or KIND_PERIODIC
+            self._failures.append(report_failure(finished[0], kind, error, kept, None, ""))
+        return False
 
     def wait_for_staging(self) -> None:
         """Called right before optimizer.step(): the staged copy must be complete before params change."""
@@ -421,7 +372,7 @@ class Checkpointer:
         # For a sync save, where its time went (cumulative seconds): state dict + submit, copy to host memory,
         # files written, commit (rank 0), retention. For an async one, when each wait ended.
         self.save_phases = dict(f.marks)
-        self.last_saved = (f.step, path)
+        self.last_saved, self.last_saved_kind = (f.step, path), f.kind
         self._commits.append(Commit(f.step, path, tier, f.request_id, f.kind, elapsed))
         if f.all_direct:
             self.save_seconds, self.last_committed = f.marks["done"], (f.step, final)

@@ -238,19 +238,3 @@ def discard(store: Any, rank: int, tmp: str, memory_dir: str | None) -> None:
         shutil.rmtree(memory_dir, ignore_errors=True)
     if rank == 0:
         store.discard(tmp)
-
-
-def emit_staged(step: int, kind: str, started: float) -> None:
-    events.emit(
-        contract.EVENT_CHECKPOINT_STAGED, step=step, kind=kind, seconds=round(time.monotonic() - started, 4)
-    )
-
-
-def on_staged(step: int, kind: str, started: float):
-    """A done-callback for the staging Future (it runs in the stager's thread, or here if already done)."""
-
-    def done(fut) -> None:
-        if not fut.cancelled() and fut.exception() is None:
-            emit_staged(step, kind, started)
-
-    return done

@@ -82,6 +82,8 @@ class Reporter:
         `kept` commits."""
         doc = {"step": f.step, "kind": f.kind, "message": f.message, "kept": f.kept, "time": f.time}
         self.doc["last_checkpoint_failure"] = doc
+        if self.doc["memory_only_step"] == f.step:  # memory-committed here, dropped by another rank
+            self.doc["memory_only_step"] = None
         if self.client:
             self.client.post_progress(checkpointFailure=doc)
 

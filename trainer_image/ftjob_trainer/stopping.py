@@ -101,8 +101,11 @@ class Stopping:
             )
             return contract.REASON_DEADLINE, contract.EXIT_RESTART, msg
         t = time.monotonic()
-        last = self.ckpt.last_saved
-        if last and last[0] == step and self.ckpt.inflight is None:  # e.g. stopped right after resuming
+        # an async save submitted at this very step (the same on every rank): the stop save below finishes it
+        pending = self.ckpt.inflight is not None and self.ckpt.inflight.step == step
+        self.ckpt.drain()  # before the collective: DCP's background write still uses the checkpointer's group
+        if not pending and self.ckpt.saved_everywhere(step):  # e.g. stopped right after resuming
+            last = self.ckpt.last_saved
             if preempted:  # what this pod holds only in memory must reach the durable tier first
                 left = ck.save_deadline_seconds - (time.monotonic() - (self.signals.at or t))
                 self.ckpt.wait_own_files_durable(timeout=max(0.0, left))
