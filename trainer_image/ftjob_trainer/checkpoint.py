@@ -207,7 +207,9 @@ class Checkpointer:
         # every rank learns it before DCP's collectives, which one rank alone would leave the others waiting in
         if any_rank(self.pg, error is not None)[0]:
             memory_dir = None if direct else memory_tier.rank_dir(self.memory_root, step, self.rank)
-            return self._failed(step, kind, tmp, memory_dir, error or "it failed on another rank")
+            return self._failed(
+                step, kind, tmp, memory_dir, error or "it failed on another rank", agreed=True
+            )
         meta = save_meta(meta, step, self.world_size, save_id, kind, request_id)
         staging, upload = self.staging.submit(writer, step, kind, started, asynchronous)
         self.inflight = InFlight(
@@ -232,11 +234,18 @@ class Checkpointer:
         return done[1] if done else None
 
     def _failed(
-        self, step: int, kind: str, tmp: str, memory_dir: str | None, error: BaseException | str
+        self,
+        step: int,
+        kind: str,
+        tmp: str,
+        memory_dir: str | None,
+        error: BaseException | str,
+        agreed: bool = False,
     ) -> None:
-        """A save that failed on some rank (every rank calls this for it): its folders go, the last committed save
-        stays. A periodic or requested save is dropped and training goes on, as for an async one; a stop or final
-        save raises SaveFailed, so the process exits with an error that says what to fix."""
+        """A save that failed on some rank: its folders go, the last committed save stays. A periodic or requested
+        save is dropped and training goes on, as for an async one; a stop or final save raises SaveFailed, so the
+        process exits with an error that says what to fix. agreed: every rank calls this now (the first file's
+        agreement), so none frees the medium before all judged whether it was full."""
         kept = self.last_committed[1] if self.last_committed else None
         if_full = (
             "size the pod's /dev/shm (the memory tier)"
@@ -250,6 +259,8 @@ class Checkpointer:
                 "memory tier %s disabled after the failure: size the pod's /dev/shm", self.memory_root
             )
             self.memory_root = None
+        if agreed:  # a rank whose own error has no errno reads the medium's free space: rank 0 frees it below
+            self._barrier()
         discard(self.store, self.rank, tmp, memory_dir)
         self._dropped = step
         if kind in (KIND_STOP, KIND_FINAL):
