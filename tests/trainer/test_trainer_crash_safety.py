@@ -4,11 +4,12 @@ across restarts. The trainer runs for real under torchrun (2 ranks, gloo)."""
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 
 import pytest
-from trainer_testlib import TINY, events_of, finish, kill_tree, list_steps, log_of, read_json
+from trainer_testlib import TINY, Procs, events_of, finish, kill_tree, list_steps, log_of, read_json
 
 pytestmark = pytest.mark.slow
 
@@ -89,22 +90,40 @@ def _drop_rank1_rng(path: Path) -> Path:
     return path / "rng-rank0.pt"
 
 
+@pytest.fixture(scope="module")
+def six_steps(tmp_path_factory) -> Path:
+    """Steps 2, 4 and 6 committed (keep-last 3), saved once for the corruption cases: each damages its own copy."""
+    tmp = tmp_path_factory.mktemp("six-steps")
+    procs = Procs(tmp)
+    try:
+        args = [
+            "--steps",
+            "6",
+            "--checkpoint-dir",
+            str(tmp / "ckpt"),
+            "--checkpoint-every",
+            "2",
+            "--keep-last",
+            "3",
+        ]
+        p = run(procs, tmp, "a", args)
+        assert finish(p) == 0, log_of(p)[-3000:]
+    finally:
+        procs.cleanup()
+    assert list_steps(tmp / "ckpt") == [2, 4, 6]
+    return tmp / "ckpt"
+
+
 @pytest.mark.parametrize(
     "corrupt",
     [_truncate_a_shard, _garble_metadata, _garble_rank1_rng, _drop_rank1_rng],
     ids=["truncated-shard", "bad-metadata", "rank1-rng-garbled", "rank1-rng-missing"],
 )
 def test_corrupted_newest_is_skipped_kept_as_evidence_and_retention_survives_restart(
-    procs, tmp_path, corrupt
+    procs, tmp_path, six_steps, corrupt
 ):
     ckpt = tmp_path / "ckpt"
-    p = run(
-        procs,
-        tmp_path,
-        "a",
-        ["--steps", "6", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2", "--keep-last", "3"],
-    )
-    assert finish(p) == 0, log_of(p)[-3000:]
+    shutil.copytree(six_steps, ckpt)
     assert list_steps(ckpt) == [2, 4, 6]
     damaged = corrupt(ckpt / "step-000000006")
 
