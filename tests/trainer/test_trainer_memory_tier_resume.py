@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -148,19 +149,34 @@ def lose(memory: Path, how: str) -> None:
                 f.write_bytes(os.urandom(f.stat().st_size))  # same length: only reading it can tell
 
 
-@pytest.mark.parametrize("how", ["deleted", "corrupted", "another-pod"])
-def test_losing_the_memory_tier_falls_back_to_the_newest_durable_checkpoint(procs, tmp_path, baseline, how):
-    memory = tmp_path / "shm"
-    p = procs.torchrun(args(tmp_path, "first", memory), name="first")  # no restarts: the job "loses its pod"
-    stop_one_worker(p, signal.SIGTERM, after=4, durable_first=True)
-    finish(p, timeout=300)
-    evs = events_of(p)
-    (stop,) = of(evs, contract.EVENT_STOP_AGREED, rank=0)
+@pytest.fixture(scope="module")
+def lost_pod(tmp_path_factory) -> tuple[Path, int, int]:
+    """A run whose pod is "lost" (no restarts) after rank 1's stop: its last save committed in memory only. Made
+    once for the cases below, each of which loses its own copy. Returns (folder, memory-only step, newest durable)."""
+    tmp = tmp_path_factory.mktemp("lost-pod")
+    procs = Procs(tmp)
+    try:
+        p = procs.torchrun(args(tmp, "first", tmp / "shm"), name="first")
+        stop_one_worker(p, signal.SIGTERM, after=4, durable_first=True)
+        finish(p, timeout=300)
+        (stop,) = of(events_of(p), contract.EVENT_STOP_AGREED, rank=0)
+    finally:
+        procs.cleanup()
     saved = stop["step"]
-    assert saved not in list_steps(tmp_path / "ckpt")  # memory-committed only
-    durable = max(list_steps(tmp_path / "ckpt"))
+    assert saved not in list_steps(tmp / "ckpt")  # memory-committed only
+    durable = max(list_steps(tmp / "ckpt"))
     assert durable < saved
+    return tmp, saved, durable
 
+
+@pytest.mark.parametrize("how", ["deleted", "corrupted", "another-pod"])
+def test_losing_the_memory_tier_falls_back_to_the_newest_durable_checkpoint(
+    procs, tmp_path, baseline, lost_pod, how
+):
+    first, saved, durable = lost_pod
+    memory = tmp_path / "shm"
+    for name in ("ckpt", "shm"):
+        shutil.copytree(first / name, tmp_path / name)
     if how == "another-pod":
         memory = tmp_path / "other-shm"
     else:
