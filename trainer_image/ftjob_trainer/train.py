@@ -381,6 +381,9 @@ def _report_error(cfg: TrainConfig | None, trainer: Trainer | None, code: int, m
     """Rank 0 writes the report's exit_code and reason. Every rank that stops on a real error tells the coordinator: torchrun restarts it inside the pod (its budget
     stays huge for exit 75), so the operator counts the failure from this report, not from the pod."""
     if trainer is not None:  # the report says how the run ended, an error too
+        # what the checkpointer committed or dropped before the error: a stop or final save drains the async save
+        # in flight first, and when it then fails, the loop never hands on what that drain finished
+        trainer.report.take_commits(trainer.ckpt)
         trainer.report.doc.update(exit_code=code, reason=contract.REASON_ERROR, error=message)
         if trainer.step is not None:
             trainer.report.doc["step"] = trainer.step
