@@ -139,6 +139,47 @@ def test_a_commit_record_that_does_not_fit_is_dropped_or_fails_clearly(
         ckpt.close()
 
 
+def test_a_final_save_that_fails_still_reports_the_save_dropped_before_it(world_of_one, tmp_path):
+    """A stop or final save first finishes the async save in flight (drain()); when that one was dropped and the
+    stop or final save then fails too, the error path must still hand the dropped save to the report (and so to
+    the operator's CheckpointFailing condition). CI once saw the report name an older dropped save instead."""
+    from types import SimpleNamespace
+
+    from engine_testlib import tiny_engine, train_step
+    from ftjob_trainer import contract, train
+    from ftjob_trainer.checkpoint import Checkpointer
+    from ftjob_trainer.checkpoint_save import SaveFailed
+    from ftjob_trainer.config import parse_args
+    from ftjob_trainer.reporting import Reporter
+
+    cfg = parse_args(["--report", str(tmp_path / "report.json")], env={})
+    engine = tiny_engine()
+    ckpt = Checkpointer(str(tmp_path / "ckpt"), keep_last=2, engine=engine, rank=0, world_size=1)
+    report = Reporter(cfg, 0, 1)
+    try:
+        train_step(engine, ckpt, 0)
+        assert ckpt.save(1, {}) is not None
+        report.take_commits(ckpt)
+        train_step(engine, ckpt, 1)
+        ckpt.store.commit = _no_space
+        assert ckpt.save(2, {}) is None  # dropped, not yet handed on: as when drain() found it
+        with pytest.raises(SaveFailed) as failed:
+            ckpt.save(3, {}, kind=contract.KIND_FINAL, durable_now=True)
+        trainer = SimpleNamespace(report=report, ckpt=ckpt, step=3, rank=0)
+        train._report_error(cfg, trainer, contract.EXIT_ERROR, str(failed.value))
+    finally:
+        ckpt.close()
+    doc = read_json(tmp_path / "report.json")
+    assert doc["exit_code"] == contract.EXIT_ERROR and doc["error"].startswith("checkpoint of step 3 (final)")
+    assert doc["last_checkpoint_step"] == 1, doc
+    dropped = doc["last_checkpoint_failure"]
+    assert (dropped["step"], dropped["kind"], dropped["kept"]) == (
+        2,
+        "periodic",
+        f"{tmp_path}/ckpt/step-000000001",
+    )
+
+
 def _rank_whose_commit_record_does_not_fit(rank: int, init_file: str, ckpt_dir: str, out: str) -> None:
     """One of two ranks (gloo, this machine): rank 0's commit record of step 2 does not fit."""
     import json
