@@ -180,6 +180,28 @@ def test_a_final_save_that_fails_still_reports_the_save_dropped_before_it(world_
     )
 
 
+def test_a_shard_write_that_hits_a_full_disk_says_so_on_every_rank(tmp_path):
+    """torch.save's zip writer turns a full disk's OSError into "RuntimeError: ... unexpected pos", and DCP hands
+    each rank's error to the others pickled, without that context: only the rank that wrote could tell. The
+    writer says ENOSPC itself, so a peer's report has the full-disk hint whatever the medium holds by then (CI
+    once saw it missing: rank 0 had freed its files before the other rank looked)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from ftjob_trainer.checkpoint_save import _by_rank, report_failure
+    from ftjob_trainer.shard_io import RecordingWriter
+
+    with small_tmpfs(tmp_path / "volume", "1m") as volume:
+        (volume / "filler").write_bytes(b"x" * (700 << 10))  # 300 KiB left, for a 2 MiB shard
+        with pytest.raises(BaseException) as raised:  # DCP's CheckpointException is a BaseException
+            writer = RecordingWriter(str(volume), sync_files=True, thread_count=1)
+            dcp.save({"w": torch.zeros(512 << 10)}, storage_writer=writer, no_dist=True)
+        errors = [exc for _, exc in _by_rank(raised.value)]
+        assert [getattr(exc, "errno", None) for exc in errors] == [errno.ENOSPC], errors
+        # medium=None: the hint comes from the error alone, as on a rank that reads the medium too late
+        failure = report_failure(5, "periodic", raised.value, None, None, "give it room")
+    assert "(full: give it room)" in failure.message, failure.message
+
+
 def _rank_whose_commit_record_does_not_fit(rank: int, init_file: str, ckpt_dir: str, out: str) -> None:
     """One of two ranks (gloo, this machine): rank 0's commit record of step 2 does not fit."""
     import json

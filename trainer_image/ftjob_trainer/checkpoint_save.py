@@ -6,7 +6,6 @@ their removal when the save failed. Below checkpoint.py, which decides when to s
 from __future__ import annotations
 
 import dataclasses
-import errno
 import logging
 import os
 import random
@@ -21,7 +20,7 @@ from ftjob_trainer import contract, events, memory_tier
 from ftjob_trainer.checkpoint_layout import FORMAT, fsync_file, rng_file, write_meta
 from ftjob_trainer.checkpoint_store import torch_bytes
 from ftjob_trainer.contract import now_rfc3339
-from ftjob_trainer.shard_io import RecordingWriter
+from ftjob_trainer.shard_io import RecordingWriter, enospc_in
 
 log = logging.getLogger(
     "ftjob_trainer.checkpoint"
@@ -206,13 +205,12 @@ def report_failure(
     step: int, kind: str, error: BaseException | str, kept: str | None, medium: str | None, if_full: str
 ) -> Failure:
     """A save that failed on some rank: not committed; `kept` is the last committed one, which stays. `if_full`
-    says what to do when the medium was full: an ENOSPC, or (torch.save's zip writer reports a full disk as a
-    RuntimeError, and a peer's error arrives without its cause) the medium left with under 1 MiB, its failed
-    files still on it."""
+    says what to do when the medium was full: an ENOSPC in some rank's error (RecordingWriter says it for DCP's
+    writes; a local error may hold it as its context), or, for an error without it, the medium left with under
+    1 MiB, its failed files still on it."""
     what = describe(error)
     if (
-        isinstance(error, BaseException)
-        and any(getattr(exc, "errno", None) == errno.ENOSPC for _, exc in _by_rank(error))
+        isinstance(error, BaseException) and any(enospc_in(exc) is not None for _, exc in _by_rank(error))
     ) or _nearly_full(medium):
         what += f" (full: {if_full})"
     log.error(

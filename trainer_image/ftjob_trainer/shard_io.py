@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import errno
 import os
 import time
 from collections.abc import Mapping
@@ -71,6 +72,17 @@ class RecordingWriter(FileSystemWriter):
         self.side = FileSystemWriter(side_dir, sync_files=True, thread_count=1) if side_dir else None
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
+        try:
+            return self._write_recorded(plan, planner)
+        except Exception as e:
+            # torch.save's zip writer turns a full disk's OSError into "RuntimeError: ... unexpected pos", the
+            # OSError left only as its context; DCP hands the error to every rank pickled, which drops the
+            # context, so the cause is said here, while it is still known
+            if not isinstance(e, OSError) and (full := enospc_in(e)) is not None:
+                raise OSError(errno.ENOSPC, f"{full.strerror} ({type(e).__name__}: {e})") from e
+            raise
+
+    def _write_recorded(self, plan: SavePlan, planner: SavePlanner) -> Future:
         side_items = [i for i in plan.items if is_small_whole(i)] if self.side else []
         results = []
         if (
@@ -87,6 +99,18 @@ class RecordingWriter(FileSystemWriter):
         fut: Future = Future()
         fut.set_result(results)
         return fut
+
+
+def enospc_in(error: BaseException) -> OSError | None:
+    """The full disk's OSError in an error's chain (its cause or the exception it was raised while handling)."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def _record(fut: Future, files: dict[str, int]) -> list:
