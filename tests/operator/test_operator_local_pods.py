@@ -95,9 +95,11 @@ def test_a_container_without_command_or_args_says_what_to_set(kube):
     def waiting():
         p = _pod(kube, "no-argv")
         statuses = (p.get("status") or {}).get("containerStatuses") or []
-        return (statuses[0].get("state") or {}).get("waiting") if statuses else None
+        state = (statuses[0].get("state") or {}).get("waiting") if statuses else None
+        # ContainerCreating comes first, as from a real kubelet; the error follows once it tried to start it
+        return state if state and state.get("reason") != "ContainerCreating" else None
 
-    state = wait_until(waiting, 30, "the container to wait with a reason")
+    state = wait_until(waiting, 30, "the container to wait with a reason other than ContainerCreating")
     assert state["reason"] == "CreateContainerError"
     assert "neither command nor args" in state["message"] and "set args" in state["message"]
     kube.delete(f"/api/v1/namespaces/{NS}/pods/no-argv", grace=0)
